@@ -1,0 +1,55 @@
+"""Where capsuled's files are (SPEC §2).
+
+Both the daemon and the clients resolve the home and the socket with these
+functions, so that a client started with the same environment as the daemon
+finds it without flags.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["default_home", "default_socket", "records_root", "store_path"]
+
+SOCKET_NAME = "capsuled.sock"
+
+
+def default_home(environ: Mapping[str, str] | None = None) -> Path:
+    """The home directory runtimes write receipts into.
+
+    ``$CAPSULE_HOME``, else ``$XDG_STATE_HOME/capsule``, else
+    ``~/.local/state/capsule`` (SPEC §2). Empty variables count as unset, as
+    the XDG base directory specification asks.
+    """
+    env = os.environ if environ is None else environ
+    if home := env.get("CAPSULE_HOME"):
+        return Path(home).expanduser()
+    if state := env.get("XDG_STATE_HOME"):
+        return Path(state).expanduser() / "capsule"
+    return Path.home() / ".local" / "state" / "capsule"
+
+
+def default_socket(home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The daemon's Unix socket.
+
+    ``$CAPSULED_SOCKET``, else ``$XDG_RUNTIME_DIR/capsuled.sock``, else
+    ``<home>/capsuled.sock`` (SPEC §2).
+    """
+    env = os.environ if environ is None else environ
+    if sock := env.get("CAPSULED_SOCKET"):
+        return Path(sock).expanduser()
+    if runtime := env.get("XDG_RUNTIME_DIR"):
+        return Path(runtime) / SOCKET_NAME
+    return (default_home(env) if home is None else home) / SOCKET_NAME
+
+
+def records_root(home: Path) -> Path:
+    """``<home>/sessions``: where session directories and their traces live."""
+    return home / "sessions"
+
+
+def store_path(home: Path) -> Path:
+    """``<home>/capsule.db``: the ownership store (SPEC §4)."""
+    return home / "capsule.db"

@@ -1,0 +1,361 @@
+"""Every type that crosses the capsuled socket (SPEC §7).
+
+The daemon and the clients share these ``msgspec.Struct`` definitions, so the
+wire format is written down exactly once.  The JSON-RPC 2.0 envelope is
+decoded in two steps, as in msgspec's ``asyncio-kv`` example: first
+:class:`Envelope`, whose members are all :class:`msgspec.Raw` so that a wrong
+member type can still be answered with the request's ``id``, then the
+``params`` with one typed decoder per method (``METHOD_PARAMS``).
+
+Conventions on the wire:
+
+* times are Unix seconds (``observed_at``, ``started_at``) unless the name
+  says ``_ms``;
+* optional members are omitted when absent, never sent as ``null``, except
+  where SPEC §7 gives ``null`` a meaning (``task``, ``context_id``);
+* unknown members in params are refused (-32602), so a misspelt parameter is
+  an error instead of being silently ignored; unknown members in results are
+  ignored by the client (forward compatibility).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+
+__all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "JSONRPC_VERSION",
+    "MAX_MESSAGE_BYTES",
+    "METHOD_NOT_FOUND",
+    "METHOD_PARAMS",
+    "PARSE_ERROR",
+    "ActiveSessionsSnapshot",
+    "DiscoveryCost",
+    "DiscoveryState",
+    "Envelope",
+    "ErrorCode",
+    "ErrorObject",
+    "ErrorResponse",
+    "LostReport",
+    "LostWork",
+    "NoParams",
+    "PingResult",
+    "ProcessKind",
+    "Provenance",
+    "ReconcileParams",
+    "RescanResult",
+    "ServerEntry",
+    "Session",
+    "SessionProcess",
+    "SnapshotParams",
+    "StatusResult",
+    "StatusTotals",
+    "SuccessResponse",
+    "WatcherMode",
+]
+
+JSONRPC_VERSION: Final = "2.0"
+
+#: A message (one line, without its ``\n``) longer than this gets -32600 and
+#: the connection is closed (SPEC §7).
+MAX_MESSAGE_BYTES: Final = 1024 * 1024
+
+# JSON-RPC 2.0 codes (https://www.jsonrpc.org/specification#error_object).
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+
+
+class ErrorCode:
+    """capsuled's own error codes (SPEC §7), beside the JSON-RPC ones."""
+
+    DISCOVERY_UNAVAILABLE: Final = -32001
+    OVERLOADED: Final = -32002
+    NO_SUCH_TRACE: Final = -32003
+    UNSAFE_PATH: Final = -32004
+    SHUTTING_DOWN: Final = -32005
+    PERMISSION_DENIED: Final = -32006
+
+
+# --------------------------------------------------------------------------
+# Envelope
+
+
+class Envelope(Struct):
+    """A JSON-RPC request or notification, members left undecoded.
+
+    ``id`` is UNSET for a notification (no ``id`` member) and the raw bytes
+    ``null`` for a request whose id is null: the two are answered differently.
+    """
+
+    jsonrpc: Raw | UnsetType = UNSET
+    method: Raw | UnsetType = UNSET
+    params: Raw | UnsetType = UNSET
+    id: Raw | UnsetType = UNSET
+
+
+class ErrorObject(Struct, omit_defaults=True):
+    """The ``error`` member of a response."""
+
+    code: int
+    message: str
+    data: Any | UnsetType = UNSET
+
+
+class SuccessResponse(Struct):
+    """``{"jsonrpc": "2.0", "id": ..., "result": ...}``; ``result`` may be null."""
+
+    jsonrpc: str
+    id: Raw | None
+    result: Any
+
+
+class ErrorResponse(Struct):
+    """``{"jsonrpc": "2.0", "id": ..., "error": {...}}``; ``id`` is null when unknown."""
+
+    jsonrpc: str
+    id: Raw | None
+    error: ErrorObject
+
+
+class Response(Struct):
+    """What a client decodes: either member may be absent."""
+
+    id: Raw | None = None
+    result: Raw | UnsetType = UNSET
+    error: ErrorObject | UnsetType = UNSET
+    method: str | UnsetType = UNSET
+    params: Raw | UnsetType = UNSET
+
+
+# --------------------------------------------------------------------------
+# Params
+
+
+class NoParams(Struct, forbid_unknown_fields=True):
+    """Params of a method that takes none: absent, ``{}`` or ``[]``."""
+
+
+NonNegativeMs = Annotated[int, Meta(ge=0, le=3_600_000)]
+
+
+class SnapshotParams(Struct, forbid_unknown_fields=True):
+    """Params of ``sessions.snapshot`` (SPEC §7).
+
+    Attributes:
+        task: echoed back in the snapshot, for the caller's bookkeeping.
+        timeout_ms: how long the daemon may retry a ``scanning`` observation
+            (or wait for a change with ``since``) before answering.
+        max_age_ms: answer from the latest observation if it is younger than
+            this; ``0`` forces a new observation.  Default: the sample interval.
+        since: a generation the caller already has; answer at once if the
+            current one differs, else wait up to ``timeout_ms`` (long poll).
+    """
+
+    task: str | None = None
+    timeout_ms: NonNegativeMs = 2000
+    max_age_ms: NonNegativeMs | None = None
+    since: Annotated[int, Meta(ge=0)] | None = None
+
+
+SessionName = Annotated[str, Meta(min_length=1, max_length=4096)]
+
+
+class ReconcileParams(Struct, forbid_unknown_fields=True):
+    """Params of ``session.reconcile`` (SPEC §6, §7)."""
+
+    from_session: SessionName
+    this_session: SessionName
+    context_id: Annotated[str, Meta(max_length=4096)]
+
+
+#: Params type of each method; a method not listed here does not exist.
+METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
+    "ping": NoParams,
+    "status": NoParams,
+    "sessions.snapshot": SnapshotParams,
+    "session.reconcile": ReconcileParams,
+    "reader.rescan": NoParams,
+}
+
+
+# --------------------------------------------------------------------------
+# Results
+
+
+class PingResult(Struct):
+    """Result of ``ping``."""
+
+    pong: bool
+    version: str
+
+
+class RescanResult(Struct):
+    """Result of ``reader.rescan``: the next observation walks from scratch."""
+
+    scheduled: bool
+
+
+DiscoveryState = Literal["ready", "scanning", "unavailable"]
+WatcherMode = Literal["native", "polling", "off"]
+ProcessKind = Literal["provider_client", "exec", "process"]
+
+
+class DiscoveryCost(Struct):
+    """What one observation cost (seed 004 ``DiscoveryCost``, SPEC §5 step 5).
+
+    Attributes:
+        directories: directories listed.
+        receipts: receipt files read (or stat-checked and found changed).
+        bytes: receipt bytes read.
+        process_samples: process tables sampled.
+        rescans: full walks from scratch (0 or 1).
+        retained: candidates kept after the observation.
+        dirty_paths: changed paths pending at the start.
+    """
+
+    directories: int = 0
+    receipts: int = 0
+    bytes: int = 0
+    process_samples: int = 0
+    rescans: int = 0
+    retained: int = 0
+    dirty_paths: int = 0
+
+
+class SessionProcess(Struct, omit_defaults=True):
+    """A live process and why it belongs where it is listed.
+
+    Attributes:
+        kind: ``provider_client`` (from a provider-client receipt), ``exec``
+            (from an exec receipt) or ``process`` (a sampled process whose
+            (pid, start time) the store assigns to a session).
+        pid: the process id.
+        started_at: the process's start time, Unix seconds, as the receipt
+            or the store records it.
+        receipt: the receipt's path relative to the home, for receipts.
+    """
+
+    kind: ProcessKind
+    pid: int
+    started_at: int
+    input_id: str | UnsetType = UNSET
+    exec_id: str | UnsetType = UNSET
+    provider: str | UnsetType = UNSET
+    command: str | UnsetType = UNSET
+    receipt: str | UnsetType = UNSET
+
+
+class Session(Struct):
+    """An active session: it owns at least one live process (SPEC §5)."""
+
+    session_id: str
+    context_id: str | None
+    processes: list[SessionProcess]
+
+
+class ServerEntry(Struct, omit_defaults=True):
+    """A live entry of the servers registry (SPEC §3)."""
+
+    pid: int
+    url: str | UnsetType = UNSET
+    directory: str | UnsetType = UNSET
+    started_at: int | UnsetType = UNSET
+
+
+class ActiveSessionsSnapshot(Struct):
+    """Result of ``sessions.snapshot`` (seed 004, SPEC §7).
+
+    ``sessions`` is empty unless ``discovery`` is ``ready``; ``gaps`` says in
+    words what the answer could not cover (unreadable receipts, a missing
+    store, an observation that has to be read again).
+    """
+
+    home: str
+    observed_at: float
+    generation: int
+    task: str | None
+    discovery: DiscoveryState
+    sessions: list[Session]
+    unowned: list[SessionProcess]
+    servers: list[ServerEntry]
+    gaps: list[str]
+    cost: DiscoveryCost
+
+
+class LostWork(Struct):
+    """A background command that was detached and never accounted for."""
+
+    work_id: str
+    binary: str
+    command: str
+    detached_at_ms: int
+
+
+class Provenance(Struct):
+    """Where a report comes from and how far to trust it (seed 000)."""
+
+    origin: Literal["completion"]
+    trust: Literal["trusted", "untrusted"]
+
+
+class LostReport(Struct):
+    """Result of ``session.reconcile`` when something was lost (SPEC §6)."""
+
+    started_in_session: str
+    lost: list[LostWork]
+    context_id: str
+    provenance: Provenance
+    task_id: str
+    message: str
+
+
+class StatusTotals(Struct):
+    """Counters since the daemon started."""
+
+    observations: int = 0
+    rescans: int = 0
+    readers_restarted: int = 0
+    requests: int = 0
+    errors: int = 0
+
+
+class StatusResult(Struct):
+    """Result of ``status`` (SPEC §7).
+
+    Attributes:
+        pid: the daemon's process id.
+        version: the daemon's version.
+        home: the home it reads, absolute.
+        socket: the socket it serves.
+        started_at: when it started, Unix seconds.
+        uptime_s: seconds since then.
+        watcher: ``native``, ``polling`` or ``off`` (no watcher running).
+        discovery: the last observation's state, ``None`` before the first.
+        last_observed_at: when the last observation finished, Unix seconds.
+        last_cost: the last observation's cost.
+        totals: counters since start.
+        clients: connections open now.
+        notes: plain-language remarks (e.g. why there is no observation yet).
+    """
+
+    pid: int
+    version: str
+    home: str
+    socket: str
+    started_at: float
+    uptime_s: float
+    watcher: WatcherMode
+    discovery: DiscoveryState | None
+    last_observed_at: float | None
+    last_cost: DiscoveryCost | None
+    totals: StatusTotals
+    clients: int
+    notes: list[str] = msgspec.field(default_factory=list)
