@@ -47,6 +47,7 @@ __all__ = [
     "exec_receipt_path",
     "is_valid_input_id",
     "linux_boot_time",
+    "make_private_dirs",
     "parse_linux_stat",
     "process_start_time",
     "provider_client_receipt_path",
@@ -308,9 +309,27 @@ def _check_pid(pid: int) -> int:
     return pid
 
 
+def make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and every missing parent with mode ``0700``.
+
+    ``Path.mkdir(parents=True)`` gives the parents the default mode; each
+    level is created here so that none is readable by others.
+    """
+    missing: list[Path] = []
+    while not directory.is_dir():
+        missing.append(directory)
+        directory = directory.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:
+            if not level.is_dir():
+                raise
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Hidden temp file beside ``path``, fsync, rename, fsync the directory."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:

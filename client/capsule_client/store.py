@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from capsule_client.receipts import process_start_time
+from capsule_client.receipts import make_private_dirs, process_start_time
 
 __all__ = ["SCHEMA", "USER_VERSION", "OwnershipStore", "StoreVersionError"]
 
@@ -79,7 +79,7 @@ class OwnershipStore:
     """
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         self.path = path
         self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:

@@ -452,20 +452,19 @@ class ActiveSessionReader:
         return sample_processes()
 
     def _take_changes(self) -> bool:
-        """Move the feed's relevant changes into ``pending``; True if any arrived."""
+        """Move the feed's relevant paths into ``pending`` and its rescan request into
+        ``_rescan``; True if a path that a re-read can cover arrived."""
         changes = self.changes.drain()
-        moved = changes.rescan
         self._rescan |= changes.rescan
+        moved = False
         for raw in changes.paths:
             path = os.path.normpath(os.fspath(raw))
             action = _action(self._parts(path))
-            if action is _Action.IGNORE:
-                continue
-            moved = True
             if action is _Action.RESCAN:
                 self._rescan = True
-            else:
+            elif action is not _Action.IGNORE:
                 self._pending.add(path)
+                moved = True
         return moved
 
     def _walk_from_scratch(self, sample: ProcessSample) -> None:
@@ -505,7 +504,7 @@ class ActiveSessionReader:
         self._recheck_all(sample)
         moved = self._state() != before
         moved |= self._ownership(sample) != ownership
-        moved |= self._take_changes()
+        moved |= self._take_changes()  # a rescan owed is reported apart: catching up
         return moved
 
     def _state(self) -> tuple[dict[str, Receipt], dict[str, str]]:
