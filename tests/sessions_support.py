@@ -9,7 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from capsule_client.protocol import ActiveSessionsSnapshot
+    from capsule_client.store import OwnershipStore
 
 T = TypeVar("T")
 
@@ -76,3 +80,63 @@ def make_home(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True)
     os.chmod(path, 0o700)
     return path
+
+
+class World:
+    """A home with a reader, a change feed, the ownership store and real sleepers."""
+
+    def __init__(self, home: Path, pool: Sleepers) -> None:
+        from capsule_client.paths import store_path
+        from capsule_client.store import OwnershipStore
+        from capsuled.changes import ChangeFeed
+        from capsuled.reader import ActiveSessionReader
+
+        self.home = make_home(home)
+        self.pool = pool
+        self.feed = ChangeFeed()
+        self.reader = ActiveSessionReader(self.home, self.feed)
+        self.store_path = store_path(self.home)
+        self._store_type = OwnershipStore
+
+    def store(self) -> OwnershipStore:
+        return self._store_type(self.store_path)
+
+    def own(self, session_id: str, *, inputs=(), execs=(), pids=(), context_id=None) -> None:  # type: ignore[no-untyped-def]
+        with self.store() as store:
+            store.register_session(session_id, context_id=context_id)
+            for input_id in inputs:
+                store.register_input(input_id, session_id)
+            for exec_id in execs:
+                store.register_exec(exec_id, session_id)
+            for pid in pids:
+                store.register_process(pid, session_id)
+
+    def exec_receipt(self, exec_id: str, pid: int, **kwargs: object) -> Path:
+        from capsule_client.receipts import write_exec_receipt
+
+        return write_exec_receipt(self.home, exec_id, pid, **kwargs)  # type: ignore[arg-type]
+
+    def client_receipt(
+        self, input_id: str, pid: int, *, run: str = "run1", client: str = "c1", **kwargs: object
+    ) -> Path:
+        from capsule_client.receipts import write_provider_client_receipt
+
+        return write_provider_client_receipt(self.home, run, input_id, client, pid, **kwargs)  # type: ignore[arg-type]
+
+    def observe(self) -> ActiveSessionsSnapshot:
+        observation = self.reader.observe()
+        assert not observation.home_replaced
+        return observation.snapshot
+
+    def ready(self) -> ActiveSessionsSnapshot:
+        snapshot = self.observe()
+        assert snapshot.discovery == "ready", snapshot.gaps
+        return snapshot
+
+
+def pids(snapshot: ActiveSessionsSnapshot) -> dict[str, list[tuple[str, int]]]:
+    """session id (or "unowned") -> [(kind, pid)] of a snapshot."""
+    out = {s.session_id: [(p.kind, p.pid) for p in s.processes] for s in snapshot.sessions}
+    if snapshot.unowned:
+        out["unowned"] = [(p.kind, p.pid) for p in snapshot.unowned]
+    return out

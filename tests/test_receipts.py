@@ -66,7 +66,9 @@ def test_provider_client_receipt_is_written_atomically(home: Path, pool: Sleeper
     assert receipt.pid == process.pid
     assert receipt.provider == "opencode"
     assert receipt.started_at.tzinfo is not None
-    assert receipt.started_at_s == pytest.approx(psutil.Process(process.pid).create_time(), abs=0.01)
+    assert receipt.started_at_s == pytest.approx(
+        psutil.Process(process.pid).create_time(), abs=0.01
+    )
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     for directory in (home / "runs", home / "runs/run1", path.parent):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700

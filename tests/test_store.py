@@ -33,7 +33,9 @@ def test_writer_creates_the_schema_in_wal_with_user_version_1(db: Path) -> None:
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert raw.execute("PRAGMA user_version").fetchone() == (1,)
-        tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = {
+            row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
     finally:
         raw.close()
     assert tables == {"sessions", "session_inputs", "session_execs", "session_processes"}
@@ -91,7 +93,8 @@ def test_key_lists_longer_than_sqlites_variable_limit(db: Path) -> None:
         with store._db:  # one transaction for speed; the kit's calls are per row
             store._db.execute("BEGIN")
             store._db.executemany(
-                "INSERT INTO session_execs VALUES (?, 'ses_a')", ((f"exe_{i}",) for i in range(count))
+                "INSERT INTO session_execs VALUES (?, 'ses_a')",
+                ((f"exe_{i}",) for i in range(count)),
             )
             store._db.executemany(
                 "INSERT INTO session_processes VALUES (?, 1, 'ses_a')", ((i,) for i in range(count))
