@@ -358,3 +358,23 @@ def test_an_unreadable_store_makes_the_observation_unavailable(world: World) -> 
     world.store_path.unlink()
     world.own("ses_a", execs=["exe_1"])
     assert pids(world.ready()) == {"ses_a": [("exec", process.pid)]}
+
+
+def test_a_symlinked_receipt_place_is_not_followed(world: World, tmp_path: Path) -> None:
+    process = world.pool.start()
+    elsewhere = make_home(tmp_path / "elsewhere")
+    world.exec_receipt("exe_1", process.pid)
+    (world.home / "runtime").rename(elsewhere / "runtime")
+    (world.home / "runtime").mkdir()
+    (world.home / "runtime/exec-processes").symlink_to(elsewhere / "runtime/exec-processes")
+    world.reader.invalidate()
+    snapshot = world.ready()
+    assert snapshot.unowned == []
+    assert gaps_for(snapshot.gaps, world.home / "runtime/exec-processes") == [
+        "is a symbolic link; not followed"
+    ]
+    # reported by a watcher as a changed directory: still not followed
+    world.feed.add([world.home / "runs/run1/inp_a"])
+    (world.home / "runs/run1").mkdir(parents=True)
+    (world.home / "runs/run1/inp_a").symlink_to(elsewhere)
+    assert world.ready().unowned == []

@@ -391,7 +391,7 @@ class ActiveSessionReader:
             self._unavailable(snapshot, str(exc))
         except OSError as exc:
             self._rescan = True
-            self._unavailable(snapshot, f"process sample failed: {exc}")
+            self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
         snapshot.observed_at = time.time()
         return Observation(self.generations.stamp(snapshot), home_replaced)
@@ -652,9 +652,13 @@ class ActiveSessionReader:
         """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
         self._check_cancelled()
         try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "a symbolic link", path)
             entries = os.scandir(path)
         except (FileNotFoundError, NotADirectoryError):
             self._drop_under(path)
+            if parts in ((_RUNS,), _EXEC_PARTS) and os.path.islink(path):
+                self._set_error(path, "is a symbolic link; not followed", None, None)
             return
         except OSError as exc:
             self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
