@@ -16,7 +16,8 @@ def test_all_is_sorted_and_complete() -> None:
     for name in capsule_client.__all__:
         assert hasattr(capsule_client, name), name
     public = {n for n in vars(capsule_client) if not n.startswith("_")}
-    modules = {"paths", "protocol", "cli"}  # submodules imported as a side effect
+    # submodules imported as a side effect; the writer kit (receipts, store) is public too
+    modules = {"paths", "protocol", "cli", "receipts", "store"}
     assert public - modules - {"annotations"} <= set(capsule_client.__all__) | modules
 
 

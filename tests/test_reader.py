@@ -15,6 +15,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from sessions_support import World, pids, sleepers, wait_for
+
 from capsule_client.protocol import ServerEntry, SessionProcess
 from capsule_client.receipts import (
     ExecReceipt,
@@ -24,7 +26,6 @@ from capsule_client.receipts import (
     provider_client_receipt_path,
 )
 from capsuled.reader import GAP_CATCHING_UP, GAP_HOME_REPLACED, ActiveSessionReader
-from sessions_support import World, pids, sleepers, wait_for
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capsuled.reader import ActiveSessionReader
 from sessions_support import proc_state, wait_for
+
+from capsuled.reader import ActiveSessionReader
 
 DEMO = Path(__file__).parents[1] / "examples" / "demo_runtime.py"
 

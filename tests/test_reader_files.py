@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from sessions_support import World, make_home, pids, sleepers
+
 from capsule_client.receipts import MAX_RECEIPT_BYTES, process_start_time
 from capsuled.reader import (
     GAP_CATCHING_UP,
@@ -18,7 +20,6 @@ from capsuled.reader import (
     ObservationCancelled,
 )
 from capsuled.store import Ownership, OwnershipReader
-from sessions_support import World, make_home, pids, sleepers
 
 
 @pytest.fixture

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
+from sessions_support import Sleepers, sleepers
+
 from capsuled import processes
 from capsuled.processes import matches_start, sample_processes
-from sessions_support import Sleepers, sleepers
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
+from sessions_support import Sleepers, make_home, sleepers
+
 from capsule_client.receipts import (
     ExecReceipt,
     ProviderClientReceipt,
@@ -25,7 +27,6 @@ from capsule_client.receipts import (
     write_exec_receipt,
     write_provider_client_receipt,
 )
-from sessions_support import Sleepers, make_home, sleepers
 
 NO_SUCH_PID = 2**31 - 1
 

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sessions_support import Sleepers, sleepers
+
 from capsule_client.store import OwnershipStore, StoreVersionError
 from capsuled.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
-from sessions_support import Sleepers, sleepers
 
 
 @pytest.fixture

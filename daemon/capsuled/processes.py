@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeAlias
 
 import psutil
+
 from capsule_client.receipts import linux_boot_time, parse_linux_stat
 
 __all__ = ["ProcessSample", "matches_start", "sample_processes"]

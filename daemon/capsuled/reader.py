@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Final, TypeAlias
 
 import msgspec
+
 from capsule_client.paths import store_path
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
@@ -66,7 +67,6 @@ from capsule_client.receipts import (
     decode_servers_registry,
     is_valid_input_id,
 )
-
 from capsuled.changes import ChangeFeed
 from capsuled.processes import ProcessSample, matches_start, sample_processes
 from capsuled.store import Ownership, OwnershipReader, StoreUnavailable
