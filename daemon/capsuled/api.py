@@ -12,7 +12,15 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from capsule_client.protocol import METHOD_PARAMS, NoParams, PingResult, StatusResult
+from capsule_client.protocol import (
+    METHOD_PARAMS,
+    ActiveSessionsSnapshot,
+    NoParams,
+    PingResult,
+    RescanResult,
+    SnapshotParams,
+    StatusResult,
+)
 
 from . import __version__
 from .jsonrpc import Handler, Method
@@ -34,6 +42,8 @@ class Api:
         handlers: dict[str, Handler] = {
             "ping": self.ping,
             "status": self.status,
+            "sessions.snapshot": self.sessions_snapshot,
+            "reader.rescan": self.reader_rescan,
         }
         return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
 
@@ -59,3 +69,20 @@ class Api:
             clients=daemon.server.clients,
             notes=list(daemon.notes),
         )
+
+    async def sessions_snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
+
+        An ``unavailable`` observation is answered as a snapshot (not an
+        error): its gaps say why.
+
+        Raises:
+            ShuttingDown: the daemon stopped observing.
+            InternalError: the observation failed on a defect.
+        """
+        return await self.daemon.sessions.snapshot(params)
+
+    async def reader_rescan(self, params: NoParams) -> RescanResult:
+        """``reader.rescan``: the next observation walks the home from scratch."""
+        self.daemon.request_rescan()
+        return RescanResult(scheduled=True)

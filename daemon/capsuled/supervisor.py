@@ -23,6 +23,7 @@ from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals,
 
 from .api import Api
 from .config import Config
+from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, bind_unix_listener
 
@@ -47,11 +48,12 @@ class Daemon:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.totals = StatusTotals()
-        self.watcher_mode: WatcherMode = "off"
-        self.discovery: DiscoveryState | None = None
-        self.last_observed_at: float | None = None
-        self.last_cost: DiscoveryCost | None = None
-        self.notes: list[str] = ["no reader runs yet: sessions are not observed"]
+        self.sessions = Discovery(
+            config.home,
+            sample_interval_s=config.sample_interval_s,
+            rescan_interval_s=config.rescan_interval_s,
+            totals=self.totals,
+        )
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(self.dispatcher, max_connections=config.max_connections)
@@ -66,9 +68,35 @@ class Daemon:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
 
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """``native``, ``polling`` or ``off``: what feeds the reader's changes."""
+        return self.sessions.watcher_mode
+
+    @property
+    def discovery(self) -> DiscoveryState | None:
+        """The last observation's state; None before the first."""
+        return self.sessions.state
+
+    @property
+    def last_observed_at(self) -> float | None:
+        return self.sessions.last_observed_at
+
+    @property
+    def last_cost(self) -> DiscoveryCost | None:
+        return self.sessions.last_cost
+
+    @property
+    def notes(self) -> list[str]:
+        """Plain-language remarks for ``status``."""
+        if self.sessions.latest is None:
+            return ["no observation yet", *self.sessions.notes]
+        return self.sessions.notes
+
     def request_rescan(self) -> None:
         """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
-        log.info("rescan requested, but no reader runs yet")
+        log.info("rescan requested")
+        self.sessions.request_rescan()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; then drain and clean up.
@@ -87,6 +115,7 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
                 await tg.start(self.server.serve, listener)
+                await tg.start(self.sessions.serve)
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),
@@ -115,6 +144,7 @@ class Daemon:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
         self.dispatcher.shutting_down = True
         self.server.stop_accepting()
+        self.sessions.stop()
         self.server.close_idle()
         with anyio.move_on_after(self.config.drain_timeout_s):
             await self.server.wait_closed()
