@@ -25,7 +25,13 @@ from capsule_client.receipts import (
     process_start_time,
     provider_client_receipt_path,
 )
-from capsuled.reader import GAP_CATCHING_UP, GAP_HOME_REPLACED, ActiveSessionReader
+from capsuled.reader import (
+    GAP_CATCHING_UP,
+    GAP_HOME_REPLACED,
+    GAP_MOVED,
+    GAP_TOO_MANY_ERRORS,
+    ActiveSessionReader,
+)
 
 
 @pytest.fixture
@@ -268,7 +274,7 @@ def test_changes_that_cannot_matter_are_ignored(world: World) -> None:
     assert snapshot.gaps == []
 
 
-def test_a_rescan_requested_during_an_observation_is_caught_up(world: World) -> None:
+def test_a_requested_rescan_walks_from_scratch(world: World) -> None:
     world.ready()
     world.feed.request_rescan()
     first = world.ready()
@@ -371,8 +377,13 @@ def test_generation_grows_only_when_the_answer_changes(world: World) -> None:
     assert world.reader.generations.current == fourth.generation
 
 
-def test_rescan_catching_up_gap_text_is_the_specs() -> None:
+def test_gap_texts_are_the_specs() -> None:
     assert GAP_CATCHING_UP == "session discovery is catching up with file-system changes"
+    assert GAP_MOVED == "session ownership changed during observation; reading again"
+    assert GAP_HOME_REPLACED == "home directory was replaced or removed"
+    assert GAP_TOO_MANY_ERRORS == (
+        "too much unresolved session ownership; repair receipts before retrying"
+    )
 
 
 def test_an_unchanged_observation_reads_no_files(world: World) -> None:

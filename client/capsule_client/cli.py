@@ -162,7 +162,7 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
         lines.append(f"server:    pid {server.pid}{url}")
     lines.append(
         f"discovery: {snapshot.discovery} (generation {snapshot.generation}, "
-        f"observed {_age(snapshot.observed_at)} ago)"
+        f"observed {_duration(max(now - snapshot.observed_at, 0.0))} ago)"
     )
     lines.extend(f"gap:       {gap}" for gap in snapshot.gaps)
     return "\n".join(lines)
