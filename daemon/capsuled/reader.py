@@ -230,9 +230,50 @@ class _Signature:
 
 @dataclass(slots=True)
 class _Candidate:
+    """A receipt that parsed and was live at its last read, projected once.
+
+    ``process`` is what snapshots list (None when the input directory's name
+    is not an input id: then ``gap`` says so); ``key`` is the input id or
+    exec id asked of the store.
+    """
+
     kind: _Kind
     receipt: Receipt
     signature: _Signature
+    process: SessionProcess | None
+    key: str
+    gap: str | None
+
+
+def _candidate(
+    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature, input_dir: str
+) -> _Candidate:
+    if isinstance(receipt, ExecReceipt):
+        process = SessionProcess(
+            kind="exec",
+            pid=receipt.pid,
+            started_at=receipt.started_at,
+            exec_id=receipt.exec_id,
+            command=msgspec.UNSET if receipt.command is None else receipt.command,
+            receipt=relative,
+        )
+        return _Candidate(kind, receipt, signature, process, receipt.exec_id, None)
+    input_id = relative.split(os.sep)[2]
+    if not is_valid_input_id(input_id):
+        gap = (
+            f"{input_dir}: {input_id!r} is not an input id"
+            " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
+        )
+        return _Candidate(kind, receipt, signature, None, input_id, gap)
+    process = SessionProcess(
+        kind="provider_client",
+        pid=receipt.pid,
+        started_at=round(receipt.started_at_s),
+        input_id=input_id,
+        provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
+        receipt=relative,
+    )
+    return _Candidate(kind, receipt, signature, process, input_id, None)
 
 
 @dataclass(slots=True)
@@ -494,7 +535,7 @@ class ActiveSessionReader:
     def _recheck_all(self, sample: ProcessSample) -> None:
         """Step 2: every candidate and errored receipt against the fresh sample."""
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
-        for path in sorted({*self._candidates, *receipts}):
+        for path in [*self._candidates, *receipts]:  # a path is in one of the two
             self._recheck(path, sample)
         self._recheck_servers()
 
@@ -516,11 +557,10 @@ class ActiveSessionReader:
     def _ownership(self, sample: ProcessSample) -> Ownership:
         inputs: list[str] = []
         execs: list[str] = []
-        for path, candidate in self._candidates.items():
-            if isinstance(candidate.receipt, ExecReceipt):
-                execs.append(candidate.receipt.exec_id)
-            else:
-                inputs.append(os.path.basename(os.path.dirname(os.path.dirname(path))))
+        for candidate in self._candidates.values():
+            if candidate.process is None:
+                continue
+            (execs if candidate.kind is _Kind.EXEC else inputs).append(candidate.key)
         return self.ownership.session_process_ownership(inputs, execs, sample.keys())
 
     # ----------------------------------------------------------------------
@@ -532,37 +572,13 @@ class ActiveSessionReader:
         owned: dict[str, list[SessionProcess]] = {}
         unowned: list[SessionProcess] = []
         gaps: set[str] = set()
-        for path in sorted(self._candidates):
-            receipt = self._candidates[path].receipt
-            relative = os.path.relpath(path, self._home)
-            if isinstance(receipt, ExecReceipt):
-                process = SessionProcess(
-                    kind="exec",
-                    pid=receipt.pid,
-                    started_at=receipt.started_at,
-                    exec_id=receipt.exec_id,
-                    command=msgspec.UNSET if receipt.command is None else receipt.command,
-                    receipt=relative,
-                )
-                owner = ownership.execs.get(receipt.exec_id)
-            else:
-                input_dir = os.path.dirname(os.path.dirname(path))
-                input_id = os.path.basename(input_dir)
-                if not is_valid_input_id(input_id):
-                    gaps.add(
-                        f"{input_dir}: {input_id!r} is not an input id"
-                        " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
-                    )
-                    continue
-                process = SessionProcess(
-                    kind="provider_client",
-                    pid=receipt.pid,
-                    started_at=round(receipt.started_at_s),
-                    input_id=input_id,
-                    provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
-                    receipt=relative,
-                )
-                owner = ownership.inputs.get(input_id)
+        for candidate in self._candidates.values():
+            process = candidate.process
+            if process is None:
+                gaps.add(str(candidate.gap))
+                continue
+            by_key = ownership.execs if candidate.kind is _Kind.EXEC else ownership.inputs
+            owner = by_key.get(candidate.key)
             if owner is None:
                 unowned.append(process)
             else:
@@ -729,7 +745,10 @@ class ActiveSessionReader:
             return
         self._clear_error(path)
         if _live(receipt, sample):
-            self._candidates[path] = _Candidate(kind, receipt, _Signature.of(st, read_ns))
+            relative = path[len(self._home) + 1 :]
+            input_dir = os.path.dirname(os.path.dirname(path))
+            signature = _Signature.of(st, read_ns)
+            self._candidates[path] = _candidate(relative, kind, receipt, signature, input_dir)
         else:
             self._candidates.pop(path, None)
 
