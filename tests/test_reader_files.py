@@ -374,8 +374,21 @@ def test_a_symlinked_receipt_place_is_not_followed(world: World, tmp_path: Path)
     assert gaps_for(snapshot.gaps, world.home / "runtime/exec-processes") == [
         "is a symbolic link; not followed"
     ]
-    # reported by a watcher as a changed directory: still not followed
-    world.feed.add([world.home / "runs/run1/inp_a"])
-    (world.home / "runs/run1").mkdir(parents=True)
-    (world.home / "runs/run1/inp_a").symlink_to(elsewhere)
-    assert world.ready().unowned == []
+    # reported by a watcher that followed a symlink: still not followed
+    clients = elsewhere / "inp_x/provider-clients"
+    write_provider = world.client_receipt("inp_x", process.pid, run="real")
+    clients.mkdir(parents=True)
+    write_provider.rename(clients / "c.json")
+    (world.home / "runs/linked").mkdir(parents=True)
+    (world.home / "runs/linked/inp_x").symlink_to(elsewhere / "inp_x")
+    world.feed.add(
+        [
+            world.home / "runs/linked/inp_x",
+            world.home / "runs/linked/inp_x/provider-clients",
+            world.home / "runs/linked/inp_x/provider-clients/c.json",
+        ]
+    )
+    snapshot = world.ready()
+    assert snapshot.unowned == []
+    assert snapshot.cost.rescans == 0
+    assert snapshot.cost.receipts == 0

@@ -67,7 +67,7 @@ class Api:
             last_cost=daemon.last_cost,
             totals=daemon.totals,
             clients=daemon.server.clients,
-            notes=list(daemon.notes),
+            notes=[*daemon.notes, *daemon.sessions.notes],
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:

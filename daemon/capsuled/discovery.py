@@ -138,7 +138,10 @@ class Discovery:
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""
-        return [NO_WATCHER_NOTE] if self.watcher_mode == "off" else []
+        notes = [] if self._latest is not None else ["no observation yet"]
+        if self.watcher_mode == "off":
+            notes.append(NO_WATCHER_NOTE)
+        return notes
 
     def watcher_started(self, mode: WatcherMode) -> None:
         """A watcher now feeds :attr:`changes` (``native`` or ``polling``); owe a rescan."""

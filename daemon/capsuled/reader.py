@@ -381,6 +381,7 @@ class ActiveSessionReader:
         self._servers: list[ServerRegistryEntry] = []
         self._servers_signature: _Signature | None = None
         self._pending: set[str] = set()
+        self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
         self._rescan = True
         self._cost = DiscoveryCost()
 
@@ -483,6 +484,7 @@ class ActiveSessionReader:
             sample = self._sample()
         else:
             pending, self._pending = self._pending, set()
+            self._linked_dirs = {}
             for path in sorted(pending):
                 self._apply(path, sample)
         self._recheck_all(sample)
@@ -525,12 +527,26 @@ class ActiveSessionReader:
         action = _action(parts)
         if action is _Action.SERVERS:
             self._read_servers()
-        elif action is _Action.PROVIDER_CLIENT:
-            self._read_receipt(path, _Kind.PROVIDER_CLIENT, sample)
-        elif action is _Action.EXEC:
-            self._read_receipt(path, _Kind.EXEC, sample)
+        elif self._through_symlink(path):  # a walk would not have gone there either
+            self._forget(path)
+            self._drop_under(path)
+        elif action in (_Action.PROVIDER_CLIENT, _Action.EXEC):
+            kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
+            self._read_receipt(path, kind, sample)
         elif action is _Action.WALK and parts is not None:
             self._scan(path, parts, sample)
+
+    def _through_symlink(self, path: str) -> bool:
+        """Whether a directory between the home and ``path`` is a symlink.
+
+        A watcher may follow symlinks and report paths below them; the walk
+        never does, so neither does a pending read.
+        """
+        parent = os.path.dirname(path)
+        linked = self._linked_dirs.get(parent)
+        if linked is None:
+            linked = self._linked_dirs[parent] = os.path.realpath(parent) != parent
+        return linked
 
     def _recheck_all(self, sample: ProcessSample) -> None:
         """Step 2: every candidate and errored receipt against the fresh sample."""

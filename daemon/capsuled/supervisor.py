@@ -54,6 +54,7 @@ class Daemon:
             rescan_interval_s=config.rescan_interval_s,
             totals=self.totals,
         )
+        self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(self.dispatcher, max_connections=config.max_connections)
@@ -70,8 +71,19 @@ class Daemon:
 
     @property
     def watcher_mode(self) -> WatcherMode:
-        """``native``, ``polling`` or ``off``: what feeds the reader's changes."""
+        """``native``, ``polling`` or ``off``: what feeds the reader's changes.
+
+        The watcher sets it when it starts, falls back or stops; a running
+        watcher lets observations read only what changed.
+        """
         return self.sessions.watcher_mode
+
+    @watcher_mode.setter
+    def watcher_mode(self, mode: WatcherMode) -> None:
+        if mode == "off":
+            self.sessions.watcher_stopped()
+        else:
+            self.sessions.watcher_started(mode)
 
     @property
     def discovery(self) -> DiscoveryState | None:
@@ -85,13 +97,6 @@ class Daemon:
     @property
     def last_cost(self) -> DiscoveryCost | None:
         return self.sessions.last_cost
-
-    @property
-    def notes(self) -> list[str]:
-        """Plain-language remarks for ``status``."""
-        if self.sessions.latest is None:
-            return ["no observation yet", *self.sessions.notes]
-        return self.sessions.notes
 
     def request_rescan(self) -> None:
         """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
