@@ -212,12 +212,11 @@ class Discovery:
             flight = self._flight = _Flight()
             self._tg.start_soon(self._fly, flight)
         await flight.done.wait()
-        if isinstance(flight.error, ObservationCancelled):
+        if flight.snapshot is not None:
+            return flight.snapshot
+        if flight.error is None or isinstance(flight.error, ObservationCancelled):
             raise ShuttingDown("shutting down: the observation was cancelled")
-        if flight.error is not None:
-            raise InternalError(f"observation failed: {flight.error!r}") from flight.error
-        assert flight.snapshot is not None
-        return flight.snapshot
+        raise InternalError(f"observation failed: {flight.error!r}") from flight.error
 
     async def _fly(self, flight: _Flight) -> None:
         try:

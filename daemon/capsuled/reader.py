@@ -466,11 +466,12 @@ class ActiveSessionReader:
 
     @staticmethod
     def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:
+        """No answer: the one gap says why (not the receipt gaps, which may be 4 MiB)."""
         snapshot.discovery = "unavailable"
         snapshot.sessions = []
         snapshot.unowned = []
         snapshot.servers = []
-        snapshot.gaps.append(gap)
+        snapshot.gaps = [gap]
 
     def _collect(self) -> ProcessSample:
         """Steps 1-2: bring the cache up to date; return the sample liveness is decided on."""
