@@ -119,8 +119,10 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
-                await tg.start(self.server.serve, listener)
+                # Discovery first: it is started at once (its first observation
+                # follows), so no request can find it not running.
                 await tg.start(self.sessions.serve)
+                await tg.start(self.server.serve, listener)
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),

@@ -92,7 +92,7 @@ def test_a_killed_process_leaves_the_snapshot_within_two_samples(
         )
         elapsed = time.monotonic() - killed_at
     assert pids(snapshot) == {"ses_a": [("exec", keep.pid)]}
-    assert elapsed <= 2 * SAMPLE_INTERVAL_S + 0.25, elapsed
+    assert elapsed <= 2 * SAMPLE_INTERVAL_S + 0.5, elapsed  # slack for a loaded machine
 
 
 def test_capsulectl_sessions_and_rescan(sampled_daemon: DaemonProcess, pool: Sleepers) -> None:
