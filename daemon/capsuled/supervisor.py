@@ -1,9 +1,12 @@
 """The supervisor: one anyio task group and the daemon's lifecycle (SPEC §8).
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
-error reaches the caller and "ready" means ready), then waits for a shutdown.
+error reaches the caller and "ready" means ready): session discovery (the
+reader and its sampler, :mod:`capsuled.discovery`), then the server; then it
+waits for a shutdown.
 Shutdown: stop accepting, close idle connections, let in-flight requests
-finish for up to ``drain_timeout_s``, cancel the rest, remove the socket.
+finish for up to ``drain_timeout_s``, cancel the rest (a running observation
+stops between two file reads), remove the socket.
 Signal handlers only set state: one task reads the signals.
 """
 
@@ -151,7 +154,6 @@ class Daemon:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
         self.dispatcher.shutting_down = True
         self.server.stop_accepting()
-        self.sessions.stop()
         self.server.close_idle()
         with anyio.move_on_after(self.config.drain_timeout_s):
             await self.server.wait_closed()
