@@ -392,3 +392,17 @@ def test_a_symlinked_receipt_place_is_not_followed(world: World, tmp_path: Path)
     assert snapshot.unowned == []
     assert snapshot.cost.rescans == 0
     assert snapshot.cost.receipts == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_home_owned_by_another_user_is_refused(world: World) -> None:
+    process = world.pool.start()
+    world.exec_receipt("exe_1", process.pid)
+    os.chown(world.home, 65534, 65534)
+    snapshot = world.observe()
+    assert snapshot.discovery == "unavailable"
+    assert snapshot.gaps == [
+        f"home {world.home} is owned by uid 65534, not {os.geteuid()}; refusing it"
+    ]
+    os.chown(world.home, os.geteuid(), os.getegid())
+    assert [p.exec_id for p in world.ready().unowned] == ["exe_1"]
