@@ -261,6 +261,14 @@ class Discovery:
 
     def _publish(self, snapshot: ActiveSessionsSnapshot) -> None:
         previous = self._latest
+        if snapshot.discovery == "unavailable" and (
+            previous is None
+            or previous.discovery != "unavailable"
+            or previous.gaps != snapshot.gaps
+        ):
+            log.warning("session discovery unavailable", gaps=snapshot.gaps)
+        elif snapshot.discovery == "ready" and previous and previous.discovery == "unavailable":
+            log.info("session discovery ready again")
         self._latest = snapshot
         self._latest_at = time.monotonic()
         if previous is None or previous.generation != snapshot.generation:

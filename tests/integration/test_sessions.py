@@ -179,3 +179,21 @@ def test_since_long_polls_for_a_change(sampled_daemon: DaemonProcess, pool: Slee
     assert not poll.is_alive()
     assert answers[0].generation > current.generation
     assert pids(answers[0]) == {"unowned": [("exec", process.pid)]}
+
+
+def test_an_unreadable_store_is_answered_unavailable_and_logged(
+    sampled_daemon: DaemonProcess,
+) -> None:
+    store_path(sampled_daemon.home).write_bytes(b"not a database" * 100)
+    with Client(sampled_daemon.socket_path) as client:
+        snapshot = client.snapshot(max_age_ms=0)
+        assert snapshot.discovery == "unavailable"
+        assert "cannot be read" in snapshot.gaps[0]
+        assert client.status().discovery == "unavailable"
+    wait_until(
+        lambda: "session discovery unavailable" in sampled_daemon.logs(), message="a warning"
+    )
+    store_path(sampled_daemon.home).unlink()
+    with Client(sampled_daemon.socket_path) as client:
+        assert client.snapshot(max_age_ms=0).discovery == "ready"
+    wait_until(lambda: "session discovery ready again" in sampled_daemon.logs(), message="recovery")
