@@ -421,3 +421,17 @@ def test_an_unchanged_observation_reads_no_files(world: World) -> None:
 
 def _start(pid: int) -> int:
     return round(process_start_time(pid))
+
+
+def test_changes_under_a_symlinked_home_path_are_understood(world: World, tmp_path: Path) -> None:
+    link = tmp_path / "home-link"
+    link.symlink_to(world.home)
+    reader = ActiveSessionReader(link, world.feed)
+    assert reader.home == world.home
+    reader.observe()
+    process = world.pool.start()
+    world.exec_receipt("exe_1", process.pid)
+    world.feed.add([link / "runtime/exec-processes/exe_1.json"])  # as a watcher of the link
+    snapshot = reader.observe().snapshot
+    assert [p.exec_id for p in snapshot.unowned] == ["exe_1"]
+    assert snapshot.cost.rescans == 0

@@ -366,6 +366,9 @@ class ActiveSessionReader:
     ) -> None:
         self.home = Path(home).resolve()
         self._home = str(self.home)
+        # The home as given, if symlinks made it differ: a watcher given that
+        # path reports changes under it.
+        self._alias = os.path.abspath(home) if os.path.abspath(home) != self._home else None
         self.changes = ChangeFeed() if changes is None else changes
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
@@ -502,7 +505,7 @@ class ActiveSessionReader:
         self._rescan |= changes.rescan
         moved = False
         for raw in changes.paths:
-            path = os.path.normpath(os.fspath(raw))
+            path = self._unalias(os.path.normpath(os.fspath(raw)))
             action = _action(self._parts(path))
             if action is _Action.RESCAN:
                 self._rescan = True
@@ -665,6 +668,12 @@ class ActiveSessionReader:
         if self._identity is not None and identity != self._identity:
             raise _HomeReplaced
         self._identity = identity
+
+    def _unalias(self, path: str) -> str:
+        alias = self._alias
+        if alias is not None and (path == alias or path.startswith(alias + os.sep)):
+            return self._home + path[len(alias) :]
+        return path
 
     def _parts(self, path: str) -> _Parts | None:
         if path == self._home:
