@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+
+from capsuled.store import Ownership, OwnershipReader
 
 if TYPE_CHECKING:
     from capsule_client.protocol import ActiveSessionsSnapshot
@@ -140,3 +143,41 @@ def pids(snapshot: ActiveSessionsSnapshot) -> dict[str, list[tuple[str, int]]]:
     if snapshot.unowned:
         out["unowned"] = [(p.kind, p.pid) for p in snapshot.unowned]
     return out
+
+
+class CheckHook(threading.Event):
+    """A cancel event that runs ``action`` at its ``n``-th check by the reader.
+
+    The reader checks its cancel event before every directory listing and file
+    read, so this lets a test act between two reads of a real observation.
+    """
+
+    def __init__(self, n: int, action: Callable[[], None]) -> None:
+        super().__init__()
+        self.n = n
+        self.action = action
+        self.checks = 0
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        if self.checks == self.n:
+            self.action()
+        return super().is_set()
+
+
+class OwnershipMovingOnce(OwnershipReader):
+    """The real store reader; after its first answer a runtime registers an owner."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world.store_path)
+        self.world = world
+        self.calls = 0
+
+    def session_process_ownership(
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+    ) -> Ownership:
+        answer = super().session_process_ownership(inputs, execs, pids)
+        self.calls += 1
+        if self.calls == 1:
+            self.world.own("ses_late", execs=["exe_1"])
+        return answer

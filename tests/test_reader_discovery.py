@@ -10,8 +10,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from sessions_support import Sleepers, World, make_home, pids, sleepers
-from test_reader_files import OwnershipMovingOnce
+from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams, StatusTotals
 from capsuled.discovery import NO_WATCHER_NOTE, Discovery

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import World, make_home, pids, sleepers
+from sessions_support import CheckHook, OwnershipMovingOnce, World, make_home, pids, sleepers
 
 from capsule_client.receipts import MAX_RECEIPT_BYTES, process_start_time
 from capsuled.reader import (
@@ -19,7 +19,6 @@ from capsuled.reader import (
     ActiveSessionReader,
     ObservationCancelled,
 )
-from capsuled.store import Ownership, OwnershipReader
 
 
 @pytest.fixture
@@ -231,26 +230,6 @@ def test_too_many_error_bytes_make_the_observation_unavailable(tmp_path: Path) -
     assert snapshot.gaps == [GAP_TOO_MANY_ERRORS]
 
 
-class CheckHook(threading.Event):
-    """A cancel event that runs ``action`` at its ``n``-th check by the reader.
-
-    The reader checks its cancel event before every directory listing and file
-    read, so this lets a test act between two reads of a real observation.
-    """
-
-    def __init__(self, n: int, action: Callable[[], None]) -> None:
-        super().__init__()
-        self.n = n
-        self.action = action
-        self.checks = 0
-
-    def is_set(self) -> bool:
-        self.checks += 1
-        if self.checks == self.n:
-            self.action()
-        return super().is_set()
-
-
 def test_cancellation_between_reads(world: World) -> None:
     process = world.pool.start()
     for i in range(20):
@@ -314,24 +293,6 @@ def test_a_rescan_requested_during_the_observation_means_catching_up(world: Worl
     snapshot = world.ready()
     assert snapshot.cost.rescans == 1
     assert [p.exec_id for p in snapshot.unowned] == ["exe_1"]
-
-
-class OwnershipMovingOnce(OwnershipReader):
-    """The real store reader; after its first answer a runtime registers an owner."""
-
-    def __init__(self, world: World) -> None:
-        super().__init__(world.store_path)
-        self.world = world
-        self.calls = 0
-
-    def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
-    ) -> Ownership:
-        answer = super().session_process_ownership(inputs, execs, pids)
-        self.calls += 1
-        if self.calls == 1:
-            self.world.own("ses_late", execs=["exe_1"])
-        return answer
 
 
 def test_ownership_moving_during_the_observation_means_scanning(world: World) -> None:
