@@ -6,33 +6,21 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
 
+from support import wait_until
+
+from capsule_client.paths import store_path
+from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.store import OwnershipStore
+from capsuled.changes import ChangeFeed
+from capsuled.reader import ActiveSessionReader
 from capsuled.store import Ownership, OwnershipReader
 
-if TYPE_CHECKING:
-    from capsule_client.protocol import ActiveSessionsSnapshot
-    from capsule_client.store import OwnershipStore
-
-T = TypeVar("T")
-
 DEADLINE_S = 5.0
-
-
-def wait_for(probe: Callable[[], T], *, timeout_s: float = DEADLINE_S, what: str = "") -> T:
-    """Call ``probe`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout_s} s: {what or probe}")
-        time.sleep(0.01)
 
 
 def proc_state(pid: int) -> str | None:
@@ -53,7 +41,7 @@ class Sleepers:
     def start(self) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(["sleep", "300"])
         self.processes.append(process)
-        wait_for(lambda: proc_state(process.pid) == "S", what=f"sleep {process.pid} running")
+        wait_until(lambda: proc_state(process.pid) == "S", message=f"sleep {process.pid} running")
         return process
 
     def kill(self, process: subprocess.Popen[bytes], *, reap: bool = True) -> None:
@@ -61,7 +49,7 @@ class Sleepers:
         if reap:
             process.wait(timeout=DEADLINE_S)
         else:
-            wait_for(lambda: proc_state(process.pid) == "Z", what=f"{process.pid} a zombie")
+            wait_until(lambda: proc_state(process.pid) == "Z", message=f"{process.pid} a zombie")
 
     def close(self) -> None:
         for process in self.processes:
@@ -89,22 +77,25 @@ class World:
     """A home with a reader, a change feed, the ownership store and real sleepers."""
 
     def __init__(self, home: Path, pool: Sleepers) -> None:
-        from capsule_client.paths import store_path
-        from capsule_client.store import OwnershipStore
-        from capsuled.changes import ChangeFeed
-        from capsuled.reader import ActiveSessionReader
-
         self.home = make_home(home)
         self.pool = pool
         self.feed = ChangeFeed()
         self.reader = ActiveSessionReader(self.home, self.feed)
         self.store_path = store_path(self.home)
-        self._store_type = OwnershipStore
 
     def store(self) -> OwnershipStore:
-        return self._store_type(self.store_path)
+        return OwnershipStore(self.store_path)
 
-    def own(self, session_id: str, *, inputs=(), execs=(), pids=(), context_id=None) -> None:  # type: ignore[no-untyped-def]
+    def own(
+        self,
+        session_id: str,
+        *,
+        inputs: Iterable[str] = (),
+        execs: Iterable[str] = (),
+        pids: Iterable[int] = (),
+        context_id: str | None = None,
+    ) -> None:
+        """Register a session and what it owns, as a runtime would."""
         with self.store() as store:
             store.register_session(session_id, context_id=context_id)
             for input_id in inputs:
@@ -114,17 +105,31 @@ class World:
             for pid in pids:
                 store.register_process(pid, session_id)
 
-    def exec_receipt(self, exec_id: str, pid: int, **kwargs: object) -> Path:
-        from capsule_client.receipts import write_exec_receipt
-
-        return write_exec_receipt(self.home, exec_id, pid, **kwargs)  # type: ignore[arg-type]
+    def exec_receipt(
+        self,
+        exec_id: str,
+        pid: int,
+        *,
+        command: str | None = None,
+        started_at_s: float | None = None,
+    ) -> Path:
+        return write_exec_receipt(
+            self.home, exec_id, pid, command=command, started_at_s=started_at_s
+        )
 
     def client_receipt(
-        self, input_id: str, pid: int, *, run: str = "run1", client: str = "c1", **kwargs: object
+        self,
+        input_id: str,
+        pid: int,
+        *,
+        run: str = "run1",
+        client: str = "c1",
+        provider: str | None = None,
+        started_at_s: float | None = None,
     ) -> Path:
-        from capsule_client.receipts import write_provider_client_receipt
-
-        return write_provider_client_receipt(self.home, run, input_id, client, pid, **kwargs)  # type: ignore[arg-type]
+        return write_provider_client_receipt(
+            self.home, run, input_id, client, pid, provider=provider, started_at_s=started_at_s
+        )
 
     def observe(self) -> ActiveSessionsSnapshot:
         observation = self.reader.observe()

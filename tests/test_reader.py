@@ -15,7 +15,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import World, pids, sleepers, wait_for
+from sessions_support import World, pids, sleepers
+from support import wait_until
 
 from capsule_client.protocol import ServerEntry, SessionProcess
 from capsule_client.receipts import (
@@ -397,8 +398,9 @@ def test_an_unchanged_observation_reads_no_files(world: World) -> None:
 
     # Files written less than RACY_WINDOW_NS before they were read are re-read
     # once more; after that, stat is trusted.
-    quiet = wait_for(
-        lambda: (s := world.ready()).cost.receipts == 0 and s, what="an observation without reads"
+    quiet = wait_until(
+        lambda: (s := world.ready()).cost.receipts == 0 and s,
+        message="an observation without reads",
     )
     assert quiet.cost.bytes == 0
     assert quiet.cost.directories == 0

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sessions_support import proc_state, wait_for
+from sessions_support import proc_state
+from support import wait_until
 
 from capsuled.reader import ActiveSessionReader
 
@@ -37,7 +38,7 @@ def test_demo_runtime_makes_a_session_and_a_killed_process_leaves(tmp_path: Path
         assert {p.kind for p in session.processes} == {"provider_client", "exec"}
 
         os.kill(pids[-1], signal.SIGKILL)
-        wait_for(lambda: proc_state(pids[-1]) in (None, "Z"), what="the killed sleep gone")
+        wait_until(lambda: proc_state(pids[-1]) in (None, "Z"), message="the killed sleep gone")
         reader = ActiveSessionReader(home)
         (session,) = reader.observe().snapshot.sessions
         assert sorted(p.pid for p in session.processes) == sorted(pids[:-1])
