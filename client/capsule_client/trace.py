@@ -73,7 +73,7 @@ _APPEND_FLAGS: Final = (
 # Format
 
 
-class _Event(Struct, tag_field="event_type", omit_defaults=True, kw_only=True):
+class _Event(Struct, tag_field="event_type", omit_defaults=True):
     """Members every event has; ``event_type`` is the tag, written first."""
 
     event_id: str
