@@ -65,7 +65,7 @@ Trust = Literal["trusted", "untrusted"]
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = (
-    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 )
 
 
@@ -229,7 +229,7 @@ def append_locked(fd: int, payload: bytes, *, fsync: bool) -> None:
     ``payload`` behind.
 
     Args:
-        fd: the trace, opened with ``O_APPEND`` and writable, its lock held.
+        fd: the trace, opened ``O_RDWR | O_APPEND``, its lock held.
         payload: one or more ``\\n``-terminated lines.
         fsync: flush the file to stable storage before returning.
 
