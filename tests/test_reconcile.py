@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from capsule_client.protocol import LostReport
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, RpcError, UnsafePath
 from capsuled.reconcile import lost_message, reconcile

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import msgspec
+
 from capsuled.reconcile import reconcile, scan_trace
 
 WORDS = "the quick brown fox jumps over a lazy dog build test cargo pytest run src lib".split()

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from capsule_client.protocol import LostReport
 from capsuled.reconcile import reconcile
 

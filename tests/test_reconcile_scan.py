@@ -15,9 +15,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from capsuled.reconcile import TraceScan, reconcile, scan_lines, scan_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from capsuled.reconcile import TraceScan, reconcile, scan_lines, scan_trace
 
 # --------------------------------------------------------------------------
 # The oracle

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from capsule_client.trace import (
     SessionStart,
     ShellLost,

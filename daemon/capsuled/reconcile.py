@@ -32,6 +32,7 @@ from typing import Any, Final
 
 import msgspec
 import uuid_utils
+
 from capsule_client.protocol import LostReport, LostWork, Provenance
 from capsule_client.trace import (
     DEFAULT_LOCK_TIMEOUT_S,
@@ -44,7 +45,6 @@ from capsule_client.trace import (
     lock_trace,
     now_ms,
 )
-
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, UnsafePath
 
 __all__ = [
