@@ -125,65 +125,69 @@ class TraceScan:
 # Scan
 
 
-def _string(record: dict[str, Any], key: str) -> str | None:
-    value = record.get(key)
-    return value if type(value) is str else None
+# One handler per event type that matters; a member of the wrong type counts
+# as absent, as in the seed (``as_str()`` / ``as_u64()`` with defaults).
 
 
-def _u64(record: dict[str, Any], key: str) -> int:
-    """The member as the seed's ``as_u64().unwrap_or_default()``: an int in [0, 2**64), else 0."""
-    value = record.get(key)
+def _string(value: Any) -> str:
+    """A member as the seed's ``as_str().unwrap_or_default()``."""
+    return value if type(value) is str else ""
+
+
+def _u64(value: Any) -> int:
+    """A member as the seed's ``as_u64().unwrap_or_default()``: an int in [0, 2**64), else 0."""
     return value if type(value) is int and 0 <= value < _U64_LIMIT else 0
 
 
-def _work(record: dict[str, Any], work_id: str, detached_at_key: str) -> LostWork:
-    return LostWork(
-        work_id=work_id,
-        binary=_string(record, "binary") or "",
-        command=_string(record, "command") or "",
-        detached_at_ms=_u64(record, detached_at_key),
-    )
-
-
 def _on_session_start(scan: TraceScan, record: dict[str, Any], this_session: str | None) -> None:
-    scan.session_event_id = _string(record, "event_id")
+    event_id = record.get("event_id")
+    scan.session_event_id = event_id if type(event_id) is str else None
 
 
 def _on_task_start(scan: TraceScan, record: dict[str, Any], this_session: str | None) -> None:
-    task_id = _string(record, "task_id")
+    task_id = record.get("task_id")
     trust = record.get("trust")
-    if task_id is not None and (trust == "trusted" or trust == "untrusted"):
+    if type(task_id) is str and (trust == "trusted" or trust == "untrusted"):
         scan.task_trust[task_id] = trust
 
 
 def _on_shell_detached(scan: TraceScan, record: dict[str, Any], this_session: str | None) -> None:
-    work_id = _string(record, "work_id")
-    if work_id is not None:
-        work = _work(record, work_id, "timestamp")
-        scan.detached[work_id] = DetachedWork(work, _string(record, "task_id"))
+    work_id = record.get("work_id")
+    if type(work_id) is not str:
+        return
+    get = record.get
+    task_id = get("task_id")
+    work = LostWork(
+        work_id, _string(get("binary")), _string(get("command")), _u64(get("timestamp"))
+    )
+    scan.detached[work_id] = DetachedWork(work, task_id if type(task_id) is str else None)
 
 
 def _on_accounting(scan: TraceScan, record: dict[str, Any], this_session: str | None) -> None:
-    work_id = _string(record, "work_id")
-    if work_id is not None:
+    work_id = record.get("work_id")
+    if type(work_id) is str:
         scan.accounted.add(work_id)
 
 
 def _on_shell_lost(scan: TraceScan, record: dict[str, Any], this_session: str | None) -> None:
-    _on_accounting(scan, record, this_session)
-    work_id = _string(record, "work_id")
-    task_id = _string(record, "reconciled_task_id")
+    work_id = record.get("work_id")
+    if type(work_id) is not str:
+        return
+    scan.accounted.add(work_id)
+    task_id = record.get("reconciled_task_id")
     if (
         this_session is None
-        or work_id is None
-        or task_id is None
+        or type(task_id) is not str
         or record.get("reconciled_by_session") != this_session
     ):
         return
     if task_id != scan.reconciled_task_id:
         scan.reconciled_task_id = task_id
         scan.reconciled = {}
-    scan.reconciled[work_id] = _work(record, work_id, "detached_at_ms")
+    get = record.get
+    scan.reconciled[work_id] = LostWork(
+        work_id, _string(get("binary")), _string(get("command")), _u64(get("detached_at_ms"))
+    )
 
 
 _Handler = Callable[[TraceScan, dict[str, Any], str | None], None]
@@ -215,20 +219,24 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
     """
     scan = TraceScan()
     handlers = _HANDLERS
+    decode = _decode
+    decode_error = msgspec.DecodeError
+    count = skipped = size = 0
     for line in lines:
-        scan.lines += 1
-        scan.bytes += len(line)
+        count += 1
+        size += len(line)
         try:
-            record = _decode(line)
-        except msgspec.DecodeError:
-            scan.skipped_lines += 1
+            record = decode(line)
+        except decode_error:
+            skipped += 1
             continue
         if type(record) is not dict:
-            scan.skipped_lines += 1
+            skipped += 1
             continue
         event_type = record.get("event_type")
         if type(event_type) is str and (handler := handlers.get(event_type)) is not None:
             handler(scan, record, this_session)
+    scan.lines, scan.skipped_lines, scan.bytes = count, skipped, size
     return scan
 
 
