@@ -293,7 +293,8 @@ def lost_message(started_in_session: str, lost: Sequence[LostWork]) -> str:
         f"Lost background work: session {started_in_session} detached {count} background "
         f"shell {noun} that never reported an outcome (no completion or abandonment was "
         "recorded), so whether each finished, failed or is still running is unknown. "
-        "Each is now marked lost in that session's trace and will not be reported again."
+        "Each is now marked lost in that session's trace, so a later resume will not "
+        "report it again."
     )
     encode = msgspec.json.encode
     items = [
