@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -9,13 +10,14 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
-from support import DaemonProcess, raw_exchange
+from support import DaemonProcess, raw_exchange, wait_until
 
 from capsule_client import (
     AsyncClient,
@@ -324,3 +326,34 @@ def test_capsulectl_reconcile_exit_codes(
     )
     assert "capsuled is not running" in capsys.readouterr().err
     assert os.path.exists(sock)
+
+
+def test_the_client_waits_while_the_daemon_waits_for_the_traces_lock(
+    daemon: DaemonProcess,
+) -> None:
+    trace = write_prior(daemon.home)
+    results: list[LostReport | None] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            with Client(daemon.socket_path, timeout_s=0.2) as client:
+                results.append(client.reconcile("ses_prior", "ses_next", "ctx_1"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    holder = os.open(trace, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        caller = threading.Thread(target=call)
+        started = time.monotonic()
+        caller.start()
+        # Five times the client's own timeout: it must still be waiting, without error.
+        wait_until(lambda: time.monotonic() - started > 1.0 or errors, message="1 s to pass")
+        assert errors == [] and caller.is_alive()
+    finally:
+        os.close(holder)
+    caller.join(timeout=15)
+
+    assert errors == []
+    assert results[0] is not None and [work.work_id for work in results[0].lost] == WORKS
