@@ -421,6 +421,13 @@ def test_a_missing_trace_is_no_such_trace(tmp_path: Path, layout: str) -> None:
     assert "ses_prior" in raised.value.message or layout == "no root"
 
 
+def test_a_name_too_long_for_the_file_system_is_no_such_trace(tmp_path: Path) -> None:
+    root = sessions_root_with(tmp_path, "ses_prior", trace_with(""))
+
+    with pytest.raises(NoSuchTrace):
+        reconcile(root, "ses_" + "x" * 300, "ses_resumed", "ctx_1")
+
+
 def test_a_trace_that_is_a_directory_is_no_such_trace(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     (root / "ses_prior" / "trace.jsonl").mkdir(parents=True)

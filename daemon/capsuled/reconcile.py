@@ -331,7 +331,7 @@ def _is_symlink(dir_fd: int, name: str) -> bool:
 
 def _refuse_or_missing(exc: OSError, dir_fd: int, name: str, shown: str) -> None:
     """Raise the RPC error an ``O_NOFOLLOW`` open failure means; return if it means neither."""
-    if exc.errno == errno.ENOENT:
+    if exc.errno in (errno.ENOENT, errno.ENAMETOOLONG):
         raise NoSuchTrace(f"{shown} does not exist") from exc
     # Linux answers O_DIRECTORY|O_NOFOLLOW on a symlink with ENOTDIR, others with ELOOP.
     if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_symlink(dir_fd, name)):
