@@ -89,7 +89,9 @@ def render_status(status: StatusResult) -> str:
 def _reconcile(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     call = _core.reconcile(args.from_session, args.this_session, args.context_id)
     if args.json:
-        _print_json(out, client.call_raw(call.method, call.params))
+        _print_json(
+            out, client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)
+        )
         return EXIT_OK
     report = client.reconcile(args.from_session, args.this_session, args.context_id)
     print(render_reconcile(args.from_session, report), file=out)

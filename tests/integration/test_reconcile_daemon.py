@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -328,32 +329,47 @@ def test_capsulectl_reconcile_exit_codes(
     assert os.path.exists(sock)
 
 
+def reconcile_with_client(daemon: DaemonProcess) -> list[str]:
+    with Client(daemon.socket_path, timeout_s=0.2) as client:
+        report = client.reconcile("ses_prior", "ses_next", "ctx_1")
+    assert report is not None
+    return [work.work_id for work in report.lost]
+
+
+def reconcile_with_capsulectl_json(daemon: DaemonProcess) -> list[str]:
+    out = io.StringIO()
+    args = ["reconcile", "ses_prior", "--as", "ses_next", "--context", "ctx_1", "--json"]
+    status = capsulectl([*args, "--socket", str(daemon.socket_path), "--timeout", "0.2"], out=out)
+    assert status == 0
+    return [work["work_id"] for work in json.loads(out.getvalue())["lost"]]
+
+
+@pytest.mark.parametrize("caller", [reconcile_with_client, reconcile_with_capsulectl_json])
 def test_the_client_waits_while_the_daemon_waits_for_the_traces_lock(
-    daemon: DaemonProcess,
+    daemon: DaemonProcess, caller: Callable[[DaemonProcess], list[str]]
 ) -> None:
     trace = write_prior(daemon.home)
-    results: list[LostReport | None] = []
+    results: list[list[str]] = []
     errors: list[BaseException] = []
 
     def call() -> None:
         try:
-            with Client(daemon.socket_path, timeout_s=0.2) as client:
-                results.append(client.reconcile("ses_prior", "ses_next", "ctx_1"))
+            results.append(caller(daemon))
         except BaseException as exc:
             errors.append(exc)
 
     holder = os.open(trace, os.O_RDONLY)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
-        caller = threading.Thread(target=call)
+        thread = threading.Thread(target=call)
         started = time.monotonic()
-        caller.start()
+        thread.start()
         # Five times the client's own timeout: it must still be waiting, without error.
         wait_until(lambda: time.monotonic() - started > 1.0 or errors, message="1 s to pass")
-        assert errors == [] and caller.is_alive()
+        assert errors == [] and thread.is_alive()
     finally:
         os.close(holder)
-    caller.join(timeout=15)
+    thread.join(timeout=15)
 
     assert errors == []
-    assert results[0] is not None and [work.work_id for work in results[0].lost] == WORKS
+    assert results == [WORKS]
