@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from capsule_client.protocol import LostReport
+from capsule_client.protocol import LostReport, LostWork
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, RpcError, UnsafePath
 from capsuled.reconcile import lost_message, reconcile
 
@@ -503,8 +503,6 @@ def test_the_message_names_every_lost_work_and_is_not_a_completion(tmp_path: Pat
 
 
 def test_the_message_for_a_detach_time_never_recorded_says_so() -> None:
-    from capsule_client.protocol import LostWork
-
     message = lost_message("ses_prior", [LostWork("wrk_x", "", "", 0)])
 
     assert "1 background shell command " in message

@@ -59,7 +59,7 @@ WORKS = [f"wrk_{n:02d}" for n in range(6)]
 def write_trace(root: Path, *, filler_lines: int = 0) -> Path:
     trace = root / "ses_prior" / "trace.jsonl"
     trace.parent.mkdir(parents=True, exist_ok=True)
-    lines = [
+    lines: list[dict[str, Any]] = [
         {"event_type": "session_start", "event_id": "evt_s", "session_id": "ses_prior"},
         {"event_type": "task_start", "task_id": "tsk_1", "trust": "trusted"},
     ]

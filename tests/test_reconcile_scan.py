@@ -24,6 +24,11 @@ from capsuled.reconcile import TraceScan, reconcile, scan_lines, scan_trace
 # The oracle
 
 
+def u64_or_zero(value: Any) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+    return value if ok else 0
+
+
 def oracle(data: bytes) -> dict[str, Any]:
     """SPEC §6's scan, one msgspec decode per ``\\n``-separated line, no shortcuts."""
     session_event_id = None
@@ -52,12 +57,11 @@ def oracle(data: bytes) -> dict[str, Any]:
             work_id = text("work_id")
             if work_id is None:
                 continue
-            stamp = record.get("timestamp")
-            stamp_ok = isinstance(stamp, int) and not isinstance(stamp, bool)
+            stamp = u64_or_zero(record.get("timestamp"))
             detached[work_id] = (
                 text("binary") or "",
                 text("command") or "",
-                stamp if stamp_ok and 0 <= stamp < 2**64 else 0,
+                stamp,
                 text("task_id"),
             )
         elif kind in ("shell_completed", "shell_abandoned", "shell_lost"):
