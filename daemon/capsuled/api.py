@@ -26,6 +26,7 @@ from capsule_client.protocol import (
 )
 
 from . import __version__
+from .errors import InternalError
 from .jsonrpc import Handler, Method
 from .reconcile import reconcile
 
@@ -86,13 +87,24 @@ class Api:
         Returns:
             The report, or ``None`` when nothing is lost.
         """
-        report = await anyio.to_thread.run_sync(
-            reconcile,
-            records_root(self.daemon.config.home),
-            params.from_session,
-            params.this_session,
-            params.context_id,
-        )
+        try:
+            report = await anyio.to_thread.run_sync(
+                reconcile,
+                records_root(self.daemon.config.home),
+                params.from_session,
+                params.this_session,
+                params.context_id,
+            )
+        except InternalError as exc:
+            # An expected failure (unreadable trace, failed append): a warning with its cause.
+            log.warning(
+                "reconcile failed",
+                from_session=params.from_session,
+                this_session=params.this_session,
+                error=exc.message,
+                cause=repr(exc.__cause__),
+            )
+            raise
         if report is not None:
             log.info(
                 "reconciled lost work",

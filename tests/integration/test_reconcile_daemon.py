@@ -231,6 +231,11 @@ def test_a_failed_append_is_internal_error_and_reports_nothing(daemon: DaemonPro
     assert "could not append 4 shell_lost marker(s)" in error["message"]
     assert "File too large" in error["message"], "the cause is named"
     assert trace.read_bytes() == before, "nothing written"
+    warnings = [
+        json.loads(line) for line in daemon.logs().splitlines() if '"reconcile failed"' in line
+    ]
+    assert warnings and warnings[0]["level"] == "warning"
+    assert "File too large" in warnings[0]["cause"]
     resource.prlimit(daemon.pid, resource.RLIMIT_FSIZE, (soft, hard))
     with Client(daemon.socket_path) as client:
         report = client.reconcile("ses_prior", "ses_next", "ctx_1")
