@@ -372,6 +372,8 @@ def test_the_client_waits_while_the_daemon_waits_for_the_traces_lock(
         # Five times the client's own timeout: it must still be waiting, without error.
         wait_until(lambda: time.monotonic() - started > 1.0 or errors, message="1 s to pass")
         assert errors == [] and thread.is_alive()
+        with Client(daemon.socket_path, timeout_s=2) as other:
+            assert other.ping().pong, "the waiting reconcile holds a worker thread, not the loop"
     finally:
         os.close(holder)
     thread.join(timeout=15)
