@@ -15,7 +15,10 @@ from pathlib import Path, PurePath
 
 import anyio
 import pytest
+from userns import user_namespaces_work, with_inotify_limit
+
 from capsuled.changes import ChangeFeed
+from capsuled.config import ConfigError, parse_args
 from capsuled.watcher import HomeWatcher, reader_cares
 
 pytestmark = pytest.mark.anyio
@@ -371,22 +374,8 @@ anyio.run(main, Path(sys.argv[1]))
 """
 
 
-UNSHARE = ("unshare", "--user", "--map-root-user")
-
-
-def _user_namespaces_work() -> bool:
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        [*UNSHARE, "sh", "-c", "test -w /proc/sys/user/max_inotify_watches"],
-        capture_output=True,
-        check=False,
-    )
-    return probe.returncode == 0
-
-
 @pytest.mark.skipif(
-    not _user_namespaces_work(), reason="needs Linux user namespaces (unshare --user)"
+    not user_namespaces_work(), reason="needs Linux user namespaces (unshare --user)"
 )
 @pytest.mark.parametrize(
     ("limit", "value"),
@@ -400,9 +389,8 @@ def test_native_watch_that_cannot_start_falls_back_to_polling(
 ) -> None:
     script = tmp_path / "fallback.py"
     script.write_text(FALLBACK_SCRIPT)
-    shell = f'echo {value} > /proc/sys/user/{limit} && exec "$0" "$@"'
     done = subprocess.run(
-        [*UNSHARE, "sh", "-c", shell, sys.executable, str(script), str(home)],
+        with_inotify_limit(limit, value, [sys.executable, str(script), str(home)]),
         capture_output=True,
         text=True,
         timeout=30,
@@ -412,3 +400,24 @@ def test_native_watch_that_cannot_start_falls_back_to_polling(
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     assert outcome == {"mode": "polling", "seen": True}
     assert "falling back to polling" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "mode"),
+    [
+        ([], {}, "native"),
+        ([], {"CAPSULED_WATCH": "polling"}, "polling"),
+        ([], {"CAPSULED_WATCH": "OFF"}, "off"),
+        (["--watch", "native"], {"CAPSULED_WATCH": "polling"}, "native"),
+        ([], {"CAPSULED_WATCH": ""}, "native"),
+    ],
+)
+def test_watch_mode_from_flag_then_environment(
+    argv: list[str], env: dict[str, str], mode: str
+) -> None:
+    assert parse_args(["--home", "/h", *argv], env).watch == mode
+
+
+def test_a_bad_watch_mode_is_named() -> None:
+    with pytest.raises(ConfigError, match="watch must be one of native, polling, off"):
+        parse_args(["--home", "/h", "--watch", "inotify"], {})

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
+
 from capsuled.changes import ChangeFeed
 from capsuled.watcher import HomeWatcher
 

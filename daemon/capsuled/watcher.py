@@ -29,15 +29,15 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path, PurePath
-from typing import Final
+from typing import Final, get_args
 
 import anyio
 import structlog
 from anyio.abc import TaskStatus
-from capsule_client.protocol import WatcherMode
 from watchfiles import Change
 from watchfiles._rust_notify import RustNotify, WatchfilesRustInternalError
 
+from capsule_client.protocol import WatcherMode
 from capsuled.changes import ChangeFeed
 
 __all__ = ["WATCH_MODES", "HomeWatcher", "reader_cares"]
@@ -45,7 +45,7 @@ __all__ = ["WATCH_MODES", "HomeWatcher", "reader_cares"]
 log = structlog.get_logger("capsuled.watcher")
 
 #: The values ``--watch`` / ``CAPSULED_WATCH`` accept.
-WATCH_MODES: Final[tuple[WatcherMode, ...]] = ("native", "polling", "off")
+WATCH_MODES: Final[tuple[WatcherMode, ...]] = get_args(WatcherMode)
 
 _PROVIDER_CLIENTS: Final = "provider-clients"
 _EXEC_PROCESSES: Final = "exec-processes"
@@ -173,7 +173,8 @@ class HomeWatcher:
                 compared with the watched one, to catch a replaced home the
                 watch did not report.
             home_wait_interval_s: how often a missing home is looked for.
-            off_rescan_interval_s: in mode ``off``, how often a rescan is owed.
+            off_rescan_interval_s: in mode ``off``, how often a rescan is owed
+                (the daemon passes its sample interval).
 
         Raises:
             ValueError: ``mode`` is not one of :data:`WATCH_MODES`.
