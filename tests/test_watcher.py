@@ -175,6 +175,22 @@ async def test_receipt_replaced_and_removed_reach_the_feed(home: Path) -> None:
         await eventually(seen, lambda: receipt in seen.paths, "the removed receipt")
 
 
+async def test_a_new_directory_is_fed_even_if_filled_before_it_is_watched(home: Path) -> None:
+    # A receipt written right after ``mkdir`` may land before the watch on
+    # the new directory exists; the directory itself is fed, so the reader
+    # walks it (seed 004 ``reconcile``) and finds the receipt anyway.
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    async with running(watcher_for(home, feed)):
+        seen.reset()
+        clients = home / "runs" / "run_1" / "inp_b" / "provider-clients"
+        clients.mkdir(parents=True)
+        receipt = clients / "c.json"
+        write_atomically(receipt)
+        await eventually(seen, lambda: home / "runs" / "run_1" / "inp_b" in seen.paths, "inp_b")
+    assert seen.paths <= {clients.parent, clients, receipt}
+
+
 @MODES
 async def test_hidden_names_and_noise_do_not_reach_the_feed(home: Path, mode: str) -> None:
     feed = ChangeFeed()

@@ -28,10 +28,12 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Final, get_args
 
 import anyio
+import anyio.lowlevel
 import structlog
 from anyio.abc import TaskStatus
 from watchfiles import Change
@@ -125,6 +127,14 @@ class _Restart(Exception):
     """The current watch can no longer be trusted (or never started); start a new one."""
 
 
+@dataclass(slots=True)
+class _Batch:
+    """One batch of changes, sorted: what to feed, and whether the watch is lost."""
+
+    paths: set[Path] = field(default_factory=set)
+    lost: bool = False
+
+
 class _FellBack(Exception):
     """A native watch could not start; the watcher now polls."""
 
@@ -195,6 +205,7 @@ class HomeWatcher:
         # life; its own limiter keeps it off the default pool's 40 tokens.
         self._limiter = anyio.CapacityLimiter(1)
         self._failures = 0
+        self._next_home_check = 0.0
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch the home until cancelled.
@@ -297,46 +308,77 @@ class HomeWatcher:
     async def _pump(
         self, notify: RustNotify, stop: threading.Event, identity: tuple[int, int]
     ) -> None:
-        """Move batches from ``notify`` into the feed; raise :class:`_Restart` when lost."""
-        next_check = time.monotonic() + self._home_check_interval_s
-        timeout_ms = max(1, int(self._home_check_interval_s * 1000))
+        """Move batches from ``notify`` into the feed; raise :class:`_Restart` when lost.
+
+        The wait and the sorting (``lstat`` calls included) run in the watch's
+        worker thread; the feed is fed here, on the event loop, as
+        ``capsuled.changes`` expects.
+        """
+        self._next_home_check = time.monotonic() + self._home_check_interval_s
         while True:
+            # ``run_sync`` shields its wait and does not raise a cancellation
+            # that arrived meanwhile: without this, a stop event that was not
+            # set would leave this loop running after its scope is cancelled.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             try:
                 batch = await anyio.to_thread.run_sync(
-                    notify.watch,
-                    self._debounce_ms,
-                    self._step_ms,
-                    timeout_ms,
-                    stop,
-                    limiter=self._limiter,
+                    self._next_batch, notify, stop, identity, limiter=self._limiter
                 )
             except (OSError, WatchfilesRustInternalError) as exc:
                 await self._back_off("watch failed", exc)
                 raise _Restart from exc
-            if batch == "stop":
+            if batch is None:
                 # Only cancellation sets ``stop``: let it through.
                 await anyio.sleep_forever()
-            if isinstance(batch, set):
-                self._failures = 0
-                self._take(batch)
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + self._home_check_interval_s
-                if await anyio.to_thread.run_sync(_identity, self.home) != identity:
-                    log.warning("home replaced or removed; restarting", home=str(self.home))
-                    raise _Restart
+                return
+            if batch.paths:
+                self._feed.add(batch.paths)
+            if batch.lost:
+                raise _Restart
 
-    def _take(self, batch: Iterable[tuple[int, str]]) -> None:
-        """Feed the relevant paths of one batch; raise :class:`_Restart` if the home went."""
-        paths: set[Path] = set()
-        home_deleted = False
-        for kind, reported in batch:
+    def _next_batch(
+        self, notify: RustNotify, stop: threading.Event, identity: tuple[int, int]
+    ) -> _Batch | None:
+        """Wait for one batch and sort it (in a worker thread).
+
+        Returns:
+            the paths to feed and whether the home was lost (deleted, or its
+            identity changed); ``None`` when ``stop`` was set.
+
+        Raises:
+            OSError, WatchfilesRustInternalError: the watch failed.
+        """
+        raw = notify.watch(
+            self._debounce_ms,
+            self._step_ms,
+            max(1, int(self._home_check_interval_s * 1000)),  # timeout_ms
+            stop,
+        )
+        if raw == "stop":
+            return None
+        batch = _Batch()
+        if isinstance(raw, set):
+            self._failures = 0
+            batch = self._sort(raw)
+        now = time.monotonic()
+        if not batch.lost and now >= self._next_home_check:
+            self._next_home_check = now + self._home_check_interval_s
+            if _identity(self.home) != identity:
+                log.warning("home replaced or removed; restarting", home=str(self.home))
+                batch.lost = True
+        return batch
+
+    def _sort(self, raw: Iterable[tuple[int, str]]) -> _Batch:
+        """The paths of a raw batch the reader cares about, and whether the home was deleted."""
+        batch = _Batch()
+        for kind, reported in raw:
             try:
                 relative = PurePath(reported).relative_to(self.home)
             except ValueError:
                 log.debug("change outside the home ignored", path=reported)
                 continue
             if not relative.parts:
-                home_deleted |= kind == Change.deleted
+                batch.lost |= kind == Change.deleted
                 continue
             if not reader_cares(relative):
                 continue
@@ -346,12 +388,10 @@ class HomeWatcher:
             # it would make the reader walk or rescan for nothing.
             if kind == Change.modified and _is_directory(path):
                 continue
-            paths.add(path)
-        if paths:
-            self._feed.add(paths)
-        if home_deleted:
+            batch.paths.add(path)
+        if batch.lost:
             log.warning("home deleted; restarting the watch", home=str(self.home))
-            raise _Restart
+        return batch
 
     async def _back_off(self, what: str, exc: BaseException) -> None:
         delay_s = min(_RESTART_DELAY_MAX_S, _RESTART_DELAY_S * 2**self._failures)
