@@ -334,6 +334,31 @@ async def test_off_watches_nothing_and_owes_rescans(home: Path) -> None:
     assert not seen.paths
 
 
+@MODES
+async def test_a_rescan_is_owed_periodically_while_nothing_changes(home: Path, mode: str) -> None:
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    watcher = HomeWatcher(home, feed, mode=mode, rescan_interval_s=0.02)  # type: ignore[arg-type]
+    async with running(watcher):
+        seen.reset()
+        await eventually(seen, lambda: seen.rescans >= 3, "periodic rescans")
+    assert watcher.starts == 1
+    assert not seen.paths
+
+
+async def test_no_periodic_rescan_unless_asked(home: Path) -> None:
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    async with running(watcher_for(home, feed)):
+        seen.reset()
+        barrier = home / "runtime" / "exec-processes" / "barrier.json"
+        for n in range(5):
+            write_atomically(barrier, f'{{"n": {n}}}')
+            await eventually(seen, lambda: barrier in seen.paths, "the barrier")
+            seen.paths.clear()
+    assert seen.rescans == 0
+
+
 def test_unknown_mode_is_refused(home: Path) -> None:
     with pytest.raises(ValueError, match="native, polling, off"):
         HomeWatcher(home, ChangeFeed(), mode="inotify")  # type: ignore[arg-type]

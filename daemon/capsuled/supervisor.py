@@ -55,6 +55,7 @@ class Daemon:
             self.feed,
             mode=config.watch,
             off_rescan_interval_s=config.sample_interval_s,
+            rescan_interval_s=config.rescan_interval_s,
         )
         self.discovery: DiscoveryState | None = None
         self.last_observed_at: float | None = None

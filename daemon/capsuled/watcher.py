@@ -165,6 +165,7 @@ class HomeWatcher:
         home_check_interval_s: float = 1.0,
         home_wait_interval_s: float = 0.05,
         off_rescan_interval_s: float = 1.0,
+        rescan_interval_s: float | None = None,
     ) -> None:
         """Prepare a watcher; nothing is watched before :meth:`serve`.
 
@@ -185,6 +186,10 @@ class HomeWatcher:
             home_wait_interval_s: how often a missing home is looked for.
             off_rescan_interval_s: in mode ``off``, how often a rescan is owed
                 (the daemon passes its sample interval).
+            rescan_interval_s: in the other modes, how often a rescan is owed
+                anyway: the net under what a watch loses silently (kernel
+                queue overflows, directories past the watch limit; SPEC §8
+                ``--rescan-interval``). ``None``: never.
 
         Raises:
             ValueError: ``mode`` is not one of :data:`WATCH_MODES`.
@@ -201,6 +206,7 @@ class HomeWatcher:
         self._home_check_interval_s = home_check_interval_s
         self._home_wait_interval_s = home_wait_interval_s
         self._off_rescan_interval_s = off_rescan_interval_s
+        self._rescan_interval_s = rescan_interval_s
         # The blocking ``watch`` call holds a worker thread for the watcher's
         # life; its own limiter keeps it off the default pool's 40 tokens.
         self._limiter = anyio.CapacityLimiter(1)
@@ -218,14 +224,21 @@ class HomeWatcher:
         """
         if self.mode == "off":
             log.info("watcher off; owing a rescan periodically", home=str(self.home))
+            self._feed.request_rescan()
             task_status.started()
-            while True:
-                self._feed.request_rescan()
-                await anyio.sleep(self._off_rescan_interval_s)
+            await self._owe_rescans(self._off_rescan_interval_s)
+            return
         stop = threading.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(_set_when_cancelled, stop)
+            if self._rescan_interval_s is not None:
+                tg.start_soon(self._owe_rescans, self._rescan_interval_s)
             await self._run(stop, task_status)
+
+    async def _owe_rescans(self, interval_s: float) -> None:
+        while True:
+            await anyio.sleep(interval_s)
+            self._feed.request_rescan()
 
     async def _run(self, stop: threading.Event, task_status: TaskStatus[None]) -> None:
         started = False
