@@ -283,6 +283,25 @@ async def test_home_replaced_without_an_event_is_caught_by_the_identity_check(
         await eventually(seen, lambda: receipt in seen.paths, "a write into the new home")
 
 
+@MODES
+async def test_a_failing_watch_is_restarted_with_a_rescan(home: Path, mode: str) -> None:
+    # watchfiles cannot hand over a name that is not UTF-8: the watch fails
+    # ("Unable to decode path") and keeps failing, wherever the name is.
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    watcher = watcher_for(home, feed, mode)
+    async with running(watcher):
+        seen.reset()
+        bad = os.fsencode(home / "sessions" / "ses_1") + b"/trace\xff.jsonl"
+        os.close(os.open(bad, os.O_WRONLY | os.O_CREAT, 0o600))
+        await eventually(seen, lambda: watcher.starts == 2, "the watch restarted")
+        assert seen.rescans >= 1
+        receipt = home / "runtime" / "exec-processes" / "after.json"
+        write_atomically(receipt)
+        await eventually(seen, lambda: receipt in seen.paths, "a write after the restart")
+    assert watcher.mode == mode
+
+
 async def test_missing_home_is_waited_for(tmp_path: Path) -> None:
     feed = ChangeFeed()
     seen = Seen(feed)
