@@ -12,7 +12,7 @@ import anyio.lowlevel
 import pytest
 from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams, StatusTotals
+from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery import NO_WATCHER_NOTE, Discovery
 from capsuled.errors import ShuttingDown
 from capsuled.reader import ActiveSessionReader
@@ -85,17 +85,18 @@ async def test_without_a_watcher_every_observation_walks(
     assert discovery.notes == [NO_WATCHER_NOTE]
 
 
-async def test_with_a_watcher_pending_changes_bypass_the_cache(
-    discovery: Discovery, world: World
-) -> None:
-    discovery.watcher_started("native")
-    assert discovery.notes == []
-    await snapshot(discovery, max_age_ms=0)  # the rescan owed to a new watcher
-    process = world.pool.start()
-    discovery.changes.add([world.exec_receipt("exe_1", process.pid)])
-    answer = await snapshot(discovery, max_age_ms=60_000)
-    assert pids(answer) == {"unowned": [("exec", process.pid)]}
-    assert answer.cost.rescans == 0
+async def test_with_a_watcher_pending_changes_bypass_the_cache(world: World) -> None:
+    watched = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    async with running(watched) as discovery:
+        assert discovery.notes == []
+        process = world.pool.start()
+        discovery.changes.add([world.exec_receipt("exe_1", process.pid)])
+        answer = await snapshot(discovery, max_age_ms=60_000)
+        assert pids(answer) == {"unowned": [("exec", process.pid)]}
+        assert answer.cost.rescans == 0
+        assert answer.cost.dirty_paths == 1
+        # nothing pending: the young answer is reused
+        assert (await snapshot(discovery, max_age_ms=60_000)).observed_at == answer.observed_at
 
 
 async def test_scanning_is_retried_until_ready(discovery: Discovery, world: World) -> None:
@@ -171,22 +172,6 @@ async def test_since_times_out_with_the_same_generation(discovery: Discovery) ->
     answer = await snapshot(discovery, since=current.generation, timeout_ms=200)
     assert 0.19 <= time.monotonic() - started < 2
     assert answer.generation == current.generation
-
-
-async def test_periodic_rescans_with_a_watcher(world: World) -> None:
-    totals = StatusTotals()
-    discovery = Discovery(world.home, sample_interval_s=0.01, rescan_interval_s=0.1, totals=totals)
-    async with running(discovery):
-        discovery.watcher_started("native")
-        await snapshot(discovery, max_age_ms=0)
-        rescans, observations = totals.rescans, totals.observations
-        for _ in range(500):  # 5 s
-            if totals.rescans >= rescans + 2:
-                break
-            await anyio.sleep(0.01)
-        else:
-            raise AssertionError("no periodic rescans within 5 s")
-        assert totals.observations - observations > totals.rescans - rescans  # not every one
 
 
 async def test_a_stopped_discovery_refuses_to_observe(discovery: Discovery) -> None:

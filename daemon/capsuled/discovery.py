@@ -7,8 +7,8 @@ the home and everything asynchronous around it:
   Discovery's own task group; a request that arrives while one runs waits for
   it and shares its result, and a request that gives up does not cancel it;
 * **the sampler**: one settled observation every ``sample_interval_s``, so
-  cached answers stay fresh, and a full rescan owed every
-  ``rescan_interval_s`` (kernel queue overflows are silent);
+  cached answers stay fresh (the periodic full rescan, the net under silent
+  kernel queue overflows, is owed by the watcher: ``capsuled.watcher``);
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline; with
@@ -16,17 +16,18 @@ the home and everything asynchronous around it:
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
-The watcher feeds :attr:`Discovery.changes` with changed paths under
-:attr:`Discovery.home` (resolved, as the reader compares paths) and calls
-:meth:`Discovery.watcher_started` / :meth:`Discovery.watcher_stopped`. While
-no watcher runs, every observation owes a full rescan, so answers stay right
-at the cost of a walk each time.
+The watcher feeds :attr:`Discovery.changes` with changed paths under the home
+(as configured or resolved: the reader maps one onto the other) and rescan
+requests; ``watcher_mode`` tells Discovery what it does now. While no watcher
+runs (mode ``off``), every observation owes a full rescan, so answers stay
+right at the cost of a walk each time.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -80,9 +81,11 @@ class Discovery:
         home: the capsule home (SPEC §2).
         sample_interval_s: seconds between two sampler observations; also the
             default ``max_age_ms`` of ``sessions.snapshot``.
-        rescan_interval_s: seconds between two periodic full rescans.
         totals: the daemon's counters; observations, rescans and reader
             restarts are counted into it.
+        changes: the feed the watcher fills; a new one when omitted.
+        watcher_mode: what the watcher does now (``native``, ``polling`` or
+            ``off``), asked before each use; ``off`` when omitted.
     """
 
     def __init__(
@@ -90,14 +93,14 @@ class Discovery:
         home: Path,
         *,
         sample_interval_s: float = 1.0,
-        rescan_interval_s: float = 300.0,
         totals: StatusTotals | None = None,
+        changes: ChangeFeed | None = None,
+        watcher_mode: Callable[[], WatcherMode] = lambda: "off",
     ) -> None:
         self.sample_interval_s = sample_interval_s
-        self.rescan_interval_s = rescan_interval_s
         self.totals = StatusTotals() if totals is None else totals
-        self.changes = ChangeFeed()
-        self.watcher_mode: WatcherMode = "off"
+        self.changes = ChangeFeed() if changes is None else changes
+        self._watcher_mode = watcher_mode
         self.first_observation = anyio.Event()
         self._requested_home = home
         self._cancel = threading.Event()
@@ -143,14 +146,10 @@ class Discovery:
             notes.append(NO_WATCHER_NOTE)
         return notes
 
-    def watcher_started(self, mode: WatcherMode) -> None:
-        """A watcher now feeds :attr:`changes` (``native`` or ``polling``); owe a rescan."""
-        self.watcher_mode = mode
-        self.changes.request_rescan()
-
-    def watcher_stopped(self) -> None:
-        """No watcher feeds :attr:`changes` any more."""
-        self.watcher_mode = "off"
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """What feeds :attr:`changes` now: ``native``, ``polling`` or ``off`` (nothing)."""
+        return self._watcher_mode()
 
     def request_rescan(self) -> None:
         """The next observation walks from scratch (``reader.rescan``, SIGHUP)."""
@@ -184,11 +183,7 @@ class Discovery:
         self._cancel.set()
 
     async def _sample_forever(self) -> None:
-        next_rescan = time.monotonic() + self.rescan_interval_s
         while True:
-            if time.monotonic() >= next_rescan:
-                self.changes.request_rescan()
-                next_rescan = time.monotonic() + self.rescan_interval_s
             try:
                 await self._settle(time.monotonic() + self.sample_interval_s)
             except InternalError:

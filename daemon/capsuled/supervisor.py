@@ -29,6 +29,7 @@ from .config import Config
 from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, bind_unix_listener
+from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
 
@@ -54,14 +55,27 @@ class Daemon:
         self.sessions = Discovery(
             config.home,
             sample_interval_s=config.sample_interval_s,
-            rescan_interval_s=config.rescan_interval_s,
             totals=self.totals,
+            watcher_mode=lambda: self.watcher.mode,
+        )
+        self.feed = self.sessions.changes
+        self.watcher = HomeWatcher(
+            config.home,
+            self.feed,
+            mode=config.watch,
+            off_rescan_interval_s=config.sample_interval_s,
+            rescan_interval_s=config.rescan_interval_s,
         )
         self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(self.dispatcher, max_connections=config.max_connections)
         self._shutdown = anyio.Event()
+
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """What the watcher does now (``status.watcher``): it may have fallen back to polling."""
+        return self.watcher.mode
 
     def _count_request(self, method: str, outcome: int | None) -> None:
         self.totals.requests += 1
@@ -71,22 +85,6 @@ class Daemon:
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
-
-    @property
-    def watcher_mode(self) -> WatcherMode:
-        """``native``, ``polling`` or ``off``: what feeds the reader's changes.
-
-        The watcher sets it when it starts, falls back or stops; a running
-        watcher lets observations read only what changed.
-        """
-        return self.sessions.watcher_mode
-
-    @watcher_mode.setter
-    def watcher_mode(self, mode: WatcherMode) -> None:
-        if mode == "off":
-            self.sessions.watcher_stopped()
-        else:
-            self.sessions.watcher_started(mode)
 
     @property
     def discovery(self) -> DiscoveryState | None:
@@ -123,8 +121,10 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
                 # Discovery first: it is started at once (its first observation
-                # follows), so no request can find it not running.
+                # follows), so no request can find it not running. The watcher
+                # owes a rescan when its watch starts.
                 await tg.start(self.sessions.serve)
+                await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, listener)
                 log.info(
                     "capsuled ready",

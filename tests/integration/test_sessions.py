@@ -51,16 +51,22 @@ def own(home: Path, session_id: str, *, inputs: list[str] = [], execs: list[str]
             store.register_exec(exec_id, session_id)
 
 
-def test_a_receipt_written_while_the_daemon_runs_is_seen(
+def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
     sampled_daemon: DaemonProcess, pool: Sleepers
 ) -> None:
-    # No watcher runs yet (watcher "off"): every observation walks the home,
-    # so nothing here asks for a rescan. With a watcher the change feed
-    # brings the same receipt in without a walk.
     home = sampled_daemon.home
     process = pool.start()
+    clients = home / "runs/run1/inp_a/provider-clients"
+    clients.mkdir(mode=0o700, parents=True)  # a new run directory owes a rescan
     with Client(sampled_daemon.socket_path) as client:
-        assert client.snapshot().sessions == []
+        assert client.status().watcher == "native"
+        wait_until(
+            lambda: (
+                (s := client.snapshot(max_age_ms=0)).discovery == "ready" and s.cost.rescans == 0
+            ),
+            message="the rescans owed to new directories to be done",
+        )
+        rescans = client.status().totals.rescans
         own(home, "ses_a", inputs=["inp_a"])
         write_provider_client_receipt(home, "run1", "inp_a", "c1", process.pid, provider="demo")
         snapshot = wait_until(
@@ -69,7 +75,23 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen(
         assert pids(snapshot) == {"ses_a": [("provider_client", process.pid)]}
         assert snapshot.sessions[0].context_id == "ctx_ses_a"
         assert snapshot.discovery == "ready"
-        assert client.status().totals.rescans >= 1
+        assert client.status().totals.rescans == rescans  # the watcher fed the one path
+
+
+def test_without_a_watch_every_observation_walks(short_dir: Path, pool: Sleepers) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    args = ["--sample-interval", str(SAMPLE_INTERVAL_S), "--watch", "off"]
+    process = pool.start()
+    with DaemonProcess(home, short_dir / "d.sock", args) as daemon, Client(daemon.socket_path) as c:
+        assert c.snapshot().unowned == []
+        write_exec_receipt(home, "exe_1", process.pid)
+        snapshot = c.snapshot(max_age_ms=0)  # no watcher told anyone; the walk finds it
+        assert pids(snapshot) == {"unowned": [("exec", process.pid)]}
+        assert snapshot.cost.rescans == 1
+        status = c.status()
+        assert status.watcher == "off"
+        assert "no watcher runs: every observation walks the home from scratch" in status.notes
 
 
 def test_a_killed_process_leaves_the_snapshot_within_two_samples(
@@ -129,7 +151,7 @@ def test_capsulectl_sessions_and_rescan(sampled_daemon: DaemonProcess, pool: Sle
     assert status.last_cost is not None and status.last_cost.process_samples >= 1
     assert status.last_observed_at is not None
     assert status.totals.observations >= 2
-    assert status.watcher == "off"
+    assert status.watcher == "native"
 
 
 def test_sighup_schedules_a_rescan(sampled_daemon: DaemonProcess) -> None:
