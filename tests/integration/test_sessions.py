@@ -56,23 +56,32 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
 ) -> None:
     home = sampled_daemon.home
     process = pool.start()
-    clients = home / "runs/run1/inp_a/provider-clients"
-    clients.mkdir(mode=0o700, parents=True)  # a new run directory owes a rescan
+    # New directories owe a rescan (SPEC §5): make them first.
+    (home / "runs/run1/inp_a/provider-clients").mkdir(mode=0o700, parents=True)
+    (home / "runtime/exec-processes").mkdir(mode=0o700, parents=True)
     with Client(sampled_daemon.socket_path) as client:
         assert client.status().watcher == "native"
+        # A barrier: the watcher reports in order, so once this receipt was
+        # seen (fed, or found by the walk those directories caused) and an
+        # observation went by without a walk, the directories are behind us.
+        write_exec_receipt(home, "exe_barrier", process.pid)
         wait_until(
-            lambda: (
-                (s := client.snapshot(max_age_ms=0)).discovery == "ready" and s.cost.rescans == 0
-            ),
-            message="the rescans owed to new directories to be done",
+            lambda: (s := client.snapshot(max_age_ms=0)).unowned and s.cost.rescans == 0,
+            message="the barrier, then an observation without a walk",
         )
         rescans = client.status().totals.rescans
         own(home, "ses_a", inputs=["inp_a"])
         write_provider_client_receipt(home, "run1", "inp_a", "c1", process.pid, provider="demo")
         snapshot = wait_until(
-            lambda: (s := client.snapshot()).sessions and s, message="the session to appear"
+            lambda: (s := client.snapshot(max_age_ms=0)).sessions and s,
+            message="the session to appear",
         )
-        assert pids(snapshot) == {"ses_a": [("provider_client", process.pid)]}
+        assert snapshot.cost.rescans == 0  # the observation that saw it read what was fed
+        assert snapshot.cost.dirty_paths >= 1
+        assert pids(snapshot) == {
+            "ses_a": [("provider_client", process.pid)],
+            "unowned": [("exec", process.pid)],
+        }
         assert snapshot.sessions[0].context_id == "ctx_ses_a"
         assert snapshot.discovery == "ready"
         assert client.status().totals.rescans == rescans  # the watcher fed the one path
