@@ -39,6 +39,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -293,10 +294,16 @@ class Observation:
         home_replaced: the home was replaced or removed since the reader
             started; the caller should make a fresh reader for the path
             (passing this reader's ``generations``), log a warning and count it.
+        watched: pid → start time (Unix seconds, from the sample) of every
+            live process the answer rests on: live candidates' pids, the
+            store's processes that matched the sample, live servers. Its
+            exit changes the answer (``capsuled.exits`` watches them). None
+            when the observation could not say (``unavailable``).
     """
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
+    watched: Mapping[int, float] | None = None
 
 
 class Generations:
@@ -423,8 +430,9 @@ class ActiveSessionReader:
             cost=self._cost,
         )
         home_replaced = False
+        watched: dict[int, float] | None = None
         try:
-            self._observe_into(snapshot)
+            watched = self._observe_into(snapshot)
         except ObservationCancelled:
             self._rescan = True
             raise
@@ -439,18 +447,20 @@ class ActiveSessionReader:
             self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced)
+        return Observation(self.generations.stamp(snapshot), home_replaced, watched)
 
     # ----------------------------------------------------------------------
     # The observation
 
-    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> None:
+    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> dict[int, float]:
+        """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on."""
         sample = self._collect()
         ownership = self._ownership(sample)
         sessions, unowned, projection_gaps = self._project(sample, ownership)
         snapshot.sessions = sessions
         snapshot.unowned = unowned
         snapshot.servers = self._live_servers(sample)
+        watched = self._watched(sample, sessions, snapshot.servers)
         snapshot.gaps = [
             *ownership.gaps,
             *projection_gaps,
@@ -466,6 +476,20 @@ class ActiveSessionReader:
             snapshot.sessions = []
             snapshot.unowned = []
             snapshot.gaps.append(GAP_CATCHING_UP)
+        return watched
+
+    def _watched(
+        self, sample: ProcessSample, sessions: list[Session], servers: list[ServerEntry]
+    ) -> dict[int, float]:
+        pids = {candidate.receipt.pid for candidate in self._candidates.values()}
+        pids.update(
+            process.pid
+            for session in sessions
+            for process in session.processes
+            if process.kind == "process"
+        )
+        pids.update(server.pid for server in servers)
+        return {pid: sample[pid] for pid in pids if pid in sample}
 
     @staticmethod
     def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:

@@ -29,6 +29,7 @@ from .config import Config
 from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, bind_unix_listener
+from .subscriptions import SubscriptionHub
 from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
@@ -57,7 +58,10 @@ class Daemon:
             sample_interval_s=config.sample_interval_s,
             totals=self.totals,
             watcher_mode=lambda: self.watcher.mode,
+            max_pidfds=config.max_pidfds,
         )
+        self.subscriptions = SubscriptionHub(lambda: self.sessions.announced, self.totals)
+        self.sessions.add_listener(self.subscriptions.publish)
         self.feed = self.sessions.changes
         self.watcher = HomeWatcher(
             config.home,
@@ -124,6 +128,7 @@ class Daemon:
                 # follows), so no request can find it not running. The watcher
                 # owes a rescan when its watch starts.
                 await tg.start(self.sessions.serve)
+                await tg.start(self.subscriptions.serve)
                 await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, listener)
                 log.info(
