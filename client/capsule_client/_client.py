@@ -148,8 +148,9 @@ class Client:
             self._disconnect()
             raise
 
-    def _next_change(self, subscription: str) -> SessionsChanged:
-        """Block until the daemon sends a change of ``subscription``."""
+    def _next_change(self, subscription: str, timeout_s: float | None = None) -> SessionsChanged:
+        """Block until the daemon sends a change of ``subscription`` (or ``timeout_s`` passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             change = self._core.next_change(subscription)
             if change is not None:
@@ -158,7 +159,9 @@ class Client:
             if sock is None:
                 raise ConnectionLost(f"the connection to {self.socket_path} is closed")
             try:
-                line = self._read_line(sock, None)
+                line = self._read_line(sock, deadline)
+            except TimeoutError as exc:  # the subscription goes on
+                raise RequestTimeout(f"no change within {timeout_s} s") from exc
             except OSError as exc:
                 self._disconnect()
                 raise ConnectionLost(f"lost the connection to {self.socket_path}: {exc}") from exc
@@ -235,6 +238,14 @@ class Subscription:
 
     def __next__(self) -> SessionsChanged:
         return self._client._next_change(self._start())
+
+    def next(self, timeout_s: float | None = None) -> SessionsChanged:
+        """The next change, waiting at most ``timeout_s`` (None: for ever).
+
+        Raises:
+            RequestTimeout: no change within ``timeout_s``; the subscription goes on.
+        """
+        return self._client._next_change(self._start(), timeout_s)
 
     def _start(self) -> str:
         if self.id is None:
