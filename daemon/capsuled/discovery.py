@@ -40,7 +40,6 @@ from typing import Final
 
 import anyio
 import anyio.from_thread
-import anyio.lowlevel
 import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
@@ -130,7 +129,6 @@ class Discovery:
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
         self._loop_thread: int | None = None
-        self._token: anyio.lowlevel.EventLoopToken | None = None
         self._listeners: list[Callable[[ActiveSessionsSnapshot], None]] = []
         self._announced: ActiveSessionsSnapshot | None = None
         self._usage = UsageMeter()
@@ -190,14 +188,19 @@ class Discovery:
         self._listeners.append(listener)
 
     def wake(self) -> None:
-        """Observe again now instead of at the next sample. Safe from any thread."""
+        """Observe again now instead of at the next sample.
+
+        Meant for the event loop's thread (the watcher and the exit watch
+        call it there); from an anyio worker thread it is handed to the
+        loop; from any other thread it does nothing (the next sample notices).
+        """
         if self._loop_thread is None or threading.get_ident() == self._loop_thread:
             self._wake.set()
-        elif self._token is not None:
-            try:
-                anyio.from_thread.run_sync(self._wake.set, token=self._token)
-            except RuntimeError:  # the event loop is gone
-                pass
+            return
+        try:
+            anyio.from_thread.run_sync(self._wake.set)
+        except RuntimeError:  # not an anyio worker thread, or the loop is gone
+            pass
 
     def _changed(self) -> None:
         # Without a watcher, each observation owes itself a rescan through the
@@ -216,7 +219,6 @@ class Discovery:
         On the way out, a running observation is cancelled between two reads.
         """
         self._loop_thread = threading.get_ident()
-        self._token = anyio.lowlevel.current_token()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
