@@ -193,8 +193,9 @@ class Server:
 
     async def wait_closed(self) -> None:
         """Return once no connection is open."""
+        # Several tasks may wait (the drain and ``serve``): each closing
+        # connection sets the event they share and puts a fresh one in place.
         while self.connections:
-            self._connection_closed = anyio.Event()
             await self._connection_closed.wait()
 
     def close_all(self) -> None:
@@ -214,7 +215,8 @@ class Server:
         finally:
             self.connections.discard(connection)
             connection.closed.set()
-            self._connection_closed.set()
+            closed, self._connection_closed = self._connection_closed, anyio.Event()
+            closed.set()
 
     async def _converse(self, connection: Connection) -> None:
         stream = connection.stream

@@ -367,3 +367,14 @@ def test_capsulectl_top_once_shows_processes_with_cpu_and_memory(
     assert "CPU%" in text and "RSS" in text
     row = next(line for line in text.splitlines() if line.startswith("ses_t"))
     assert str(process.pid) in row and "sleep 300" in row
+
+
+def test_shutdown_with_open_subscriptions_is_prompt(quiet_daemon: DaemonProcess) -> None:
+    with raw_connection(quiet_daemon) as first, raw_connection(quiet_daemon) as second:
+        for sock in (first, second):
+            read = line_reader(sock)
+            send(sock, 1, "sessions.subscribe")
+            assert "subscription" in read(DEADLINE_S)["result"]  # type: ignore[operator]
+        started = time.monotonic()
+        assert quiet_daemon.stop(signal.SIGTERM) == 0
+        assert time.monotonic() - started < 2.0  # not the 5 s drain timeout
