@@ -74,7 +74,13 @@ def render_status(status: StatusResult) -> str:
         ("socket", status.socket),
         ("watcher", status.watcher),
         ("discovery", discovery),
-        ("clients", str(status.clients)),
+        ("clients", f"{status.clients}, {status.subscriptions} subscriptions"),
+        (
+            "exits",
+            f"pidfd events ({status.pidfds} held)"
+            if status.exit_watch == "pidfd"
+            else "noticed by sampling",
+        ),
         (
             "totals",
             f"{totals.requests} requests, {totals.errors} errors, "

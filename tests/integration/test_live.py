@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from sessions_support import Sleepers, sleepers
 from support import DaemonProcess, wait_until
 
-from capsule_client import Client, Subscription
+from capsule_client import AsyncClient, Client, Subscription
 from capsule_client.cli import main as capsulectl
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionsChanged
@@ -378,3 +379,34 @@ def test_shutdown_with_open_subscriptions_is_prompt(quiet_daemon: DaemonProcess)
         started = time.monotonic()
         assert quiet_daemon.stop(signal.SIGTERM) == 0
         assert time.monotonic() - started < 2.0  # not the 5 s drain timeout
+
+
+def test_capsulectl_status_says_how_exits_are_noticed(quiet_daemon: DaemonProcess) -> None:
+    out = io.StringIO()
+    assert capsulectl(["--socket", str(quiet_daemon.socket_path), "status"], out=out) == 0
+    lines = dict(line.split(":", 1) for line in out.getvalue().splitlines())
+    expected = "pidfd events" if pidfds_supported() else "noticed by sampling"
+    assert lines["exits"].strip().startswith(expected)
+    assert lines["clients"].strip() == "1, 0 subscriptions"
+
+
+@pytest.mark.anyio
+async def test_the_async_client_iterates_changes(
+    quiet_daemon: DaemonProcess, pool: Sleepers
+) -> None:
+    home = quiet_daemon.home
+    process = pool.start()
+    async with AsyncClient(quiet_daemon.socket_path) as client:
+        async with client.subscribe() as changes:
+            with anyio.fail_after(DEADLINE_S):
+                first = await anext(changes)
+                assert first.full and first.added == []
+                own(home, "ses_async", ["exe_async"])
+                write_exec_receipt(home, "exe_async", process.pid)
+                async for change in changes:
+                    if change.added:
+                        break
+            assert [s.session_id for s in change.added] == ["ses_async"]
+            assert (await client.status()).subscriptions == 1
+        # Unsubscribed on the way out; the connection serves calls again.
+        assert (await client.status()).subscriptions == 0
