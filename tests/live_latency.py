@@ -6,8 +6,9 @@ Not a test (pytest does not collect it): run by hand,
 A real daemon samples every 60 s, so every notification comes from an event.
 One client subscribes. Each round starts a ``sleep``, then
 
-* **receipt**: times from just before its exec receipt is written (the
-  writer kit's ``.name.tmp`` + rename) to the ``sessions.changed`` that adds
+* **receipt**: times from just before its exec receipt is renamed into
+  place (written and fsynced first by the writer kit in a hidden staging
+  home, so the fsyncs are not counted) to the ``sessions.changed`` that adds
   it to its session;
 * **exit**: times from just before ``SIGKILL`` to the ``sessions.changed``
   that removes the session.
@@ -59,6 +60,7 @@ def measure(rounds: int, pause_s: float) -> dict[str, list[float]]:
         home = tmp / "home"
         home.mkdir(mode=0o700)
         (home / "runtime/exec-processes").mkdir(mode=0o700, parents=True)
+        staging = home / ".staging"  # hidden: invisible to the reader (SPEC §2)
         with OwnershipStore(store_path(home)) as store:
             for index in range(rounds):
                 store.register_session(f"ses_{index}", context_id=None)
@@ -71,8 +73,12 @@ def measure(rounds: int, pause_s: float) -> dict[str, list[float]]:
                     session = f"ses_{index}"
                     process = subprocess.Popen(["sleep", "300"])
                     time.sleep(pause_s)
+                    # Written (and fsynced) where the reader does not look, then
+                    # renamed into place: the receipt appears at the rename.
+                    staged = write_exec_receipt(staging, f"exe_{index}", process.pid)
+                    final = home / "runtime/exec-processes" / staged.name
                     started = time.monotonic()
-                    write_exec_receipt(home, f"exe_{index}", process.pid)
+                    os.rename(staged, final)
                     seen = wait_for(
                         changes,
                         lambda c, s=session: any(x.session_id == s for x in c.added),
