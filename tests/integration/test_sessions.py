@@ -76,8 +76,10 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
             lambda: (s := client.snapshot(max_age_ms=0)).sessions and s,
             message="the session to appear",
         )
-        assert snapshot.cost.rescans == 0  # the observation that saw it read what was fed
-        assert snapshot.cost.dirty_paths >= 1
+        # No walk saw it: the watcher fed the path. (Which observation read it
+        # is not fixed: the daemon observes by itself when the store or a
+        # receipt is written, and a retry after "scanning" has nothing dirty.)
+        assert snapshot.cost.rescans == 0
         assert pids(snapshot) == {
             "ses_a": [("provider_client", process.pid)],
             "unowned": [("exec", process.pid)],
