@@ -99,3 +99,20 @@ def test_sampling_mode_holds_nothing(pool: Sleepers) -> None:
     watch.track({process.pid: sample_processes()[process.pid]})
     assert (watch.mode, watch.held) == ("sampling", 0)
     assert watch.notes == ["process exits are noticed by sampling only (no pidfd on this system)"]
+
+
+def test_a_refused_process_is_reported_once_while_samples_list_it(pool: Sleepers) -> None:
+    process = pool.start()
+    watched = {process.pid: sample_processes()[process.pid] - 100}
+
+    async def main() -> tuple[int, int, int]:
+        exits: list[None] = []
+        watch = ExitWatch(lambda: exits.append(None))
+        async with anyio.create_task_group() as tg:
+            await tg.start(watch.serve)
+            for _ in range(3):  # three observations with the same sample
+                watch.track(watched)
+            tg.cancel_scope.cancel()
+        return len(exits), watch.held, watch.unwatched
+
+    assert anyio.run(main) == (1, 0, 1)

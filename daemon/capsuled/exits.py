@@ -116,6 +116,10 @@ class ExitWatch:
         self._watches: dict[int, _Watch] = {}
         self._tg: TaskGroup | None = None
         self._table_full = False
+        # (pid, start) the re-check found gone; reported once, not again while
+        # samples keep listing it (a start time read differently each time
+        # would otherwise wake discovery in a loop).
+        self._refused: set[tuple[int, float]] = set()
         self.unwatched = 0
         self.exits = 0
 
@@ -168,13 +172,22 @@ class ExitWatch:
         self._table_full = False
         unwatched = 0
         exited = False
+        refused = set()
         for pid in sorted(watched):
             if pid in self._watches:
+                continue
+            key = (pid, watched[pid])
+            if key in self._refused:  # reported once already: the sample still says it runs
+                refused.add(key)
+                unwatched += 1
                 continue
             if len(self._watches) >= self.max_pidfds or self._table_full:
                 unwatched += 1
                 continue
-            exited |= not self._open(pid, watched[pid])
+            if not self._open(pid, watched[pid]):
+                exited = True
+                refused.add(key)
+        self._refused = refused
         self.unwatched = unwatched
         if exited:
             self._exited()
