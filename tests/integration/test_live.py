@@ -31,7 +31,7 @@ from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionsCha
 from capsule_client.receipts import write_exec_receipt
 from capsule_client.store import OwnershipStore
 from capsuled.exits import pidfds_supported
-from capsuled.subscriptions import MAX_UNDELIVERED
+from capsuled.subscriptions import MAX_PER_CONNECTION, MAX_UNDELIVERED
 
 QUIET_SAMPLING = ["--sample-interval", "60"]
 DEADLINE_S = 5.0
@@ -410,3 +410,25 @@ async def test_the_async_client_iterates_changes(
             assert (await client.status()).subscriptions == 1
         # Unsubscribed on the way out; the connection serves calls again.
         assert (await client.status()).subscriptions == 0
+
+
+def test_a_connection_may_hold_a_bounded_number_of_subscriptions(
+    quiet_daemon: DaemonProcess,
+) -> None:
+    with raw_connection(quiet_daemon) as sock:
+        read = line_reader(sock)
+        ids = set()
+        for request_id in range(1, MAX_PER_CONNECTION + 2):
+            send(sock, request_id, "sessions.subscribe")
+            while (message := read(DEADLINE_S)).get("id") != request_id:
+                assert message["method"] == "sessions.changed"  # a first, full notification
+            if request_id <= MAX_PER_CONNECTION:
+                ids.add(message["result"]["subscription"])  # type: ignore[index]
+            else:
+                assert message["error"]["code"] == -32002  # type: ignore[index]
+        assert len(ids) == MAX_PER_CONNECTION
+        send(sock, 99, "sessions.subscribe", {"since": -1})
+        while (message := read(DEADLINE_S)).get("id") != 99:
+            pass
+        assert message["error"]["code"] == -32602  # type: ignore[index]
+        assert message["error"]["data"]["param"] == "since"  # type: ignore[index]
