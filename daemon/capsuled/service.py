@@ -1,0 +1,713 @@
+"""Running as a service: the lock file, the socket, socket activation, sd_notify,
+the home's strictness and the peer's credentials (SPEC §3, §8).
+
+Everything here is plain, synchronous system-call glue that the supervisor and
+the server call at a few points:
+
+* before the socket is touched: :func:`ensure_home`, :func:`prepare_socket_directory`,
+  :func:`acquire_socket_lock` (one daemon per socket);
+* to get a listener: :func:`activated_listener` (systemd passed one) or else
+  :func:`bind_unix_socket` (replaces only a stale socket, never anything else);
+* while running: :class:`Notifier` (``READY=1``, ``STATUS=``, ``WATCHDOG=1``,
+  ``STOPPING=1``) and, per accepted connection, :func:`peer_credentials` and
+  :func:`permission_denied_line`;
+* on the way out: :func:`remove_socket` and :meth:`SocketLock.release`.
+
+sd_notify is a few lines over a datagram socket rather than a library: the
+maintained wrappers either need libsystemd or swallow every error (SPEC §8,
+LIBRARY-FACTS.md "systemd").
+
+Errors that must stop the daemon from starting are :class:`ServiceError`; the
+entry point prints their message and exits 1. Tree::
+
+    ServiceError
+    ├── AlreadyRunning      another daemon holds the socket's lock
+    ├── SocketPathTaken     something that is not a stale socket is at the socket path
+    ├── UnsafeHome          the home is not a directory of ours, closed to others
+    └── ActivationError     systemd passed something we cannot serve
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import shlex
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+import structlog
+from capsule_client.protocol import JSONRPC_VERSION, ErrorObject, ErrorResponse
+
+from capsuled.errors import PermissionDenied
+
+__all__ = [
+    "ActivationError",
+    "AlreadyRunning",
+    "BoundSocket",
+    "Notifier",
+    "PeerCredentials",
+    "ServiceError",
+    "SocketLock",
+    "SocketPathTaken",
+    "UnsafeHome",
+    "acquire_socket_lock",
+    "activated_listener",
+    "bind_unix_socket",
+    "check_home",
+    "default_log_format",
+    "ensure_home",
+    "lock_path_for",
+    "peer_credentials",
+    "permission_denied_line",
+    "prepare_socket_directory",
+    "remove_socket",
+    "socket_path_of",
+    "stderr_is_journal",
+]
+
+_log = structlog.get_logger(__name__)
+
+#: The first file descriptor systemd passes (``SD_LISTEN_FDS_START``, sd_listen_fds(3)).
+LISTEN_FDS_START: Final = 3
+_ACTIVATION_VARIABLES: Final = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+
+#: ``sun_path`` is 108 bytes on Linux and 104 on macOS, including the final NUL.
+MAX_SOCKET_PATH_BYTES: Final = 107 if sys.platform.startswith("linux") else 103
+
+#: How long a second daemon waits for the first to write its pid into the lock
+#: file when it finds the lock taken but the file still empty.
+_LOCK_PID_WAIT_S: Final = 0.5
+
+
+class ServiceError(Exception):
+    """The daemon cannot start; ``str(error)`` says why and what to do."""
+
+
+class AlreadyRunning(ServiceError):
+    """Another daemon holds the lock beside the socket (SPEC §8).
+
+    Attributes:
+        pid: the running daemon's pid as written in the lock file, or None
+            when it could not be read.
+        lock_path: the lock file.
+    """
+
+    def __init__(self, pid: int | None, lock_path: Path, socket_path: Path) -> None:
+        who = f"pid {pid}" if pid is not None else "a process whose pid could not be read"
+        super().__init__(
+            f"capsuled is already running for {socket_path} ({who}, lock {lock_path}); "
+            "stop it first or start this one with another --socket"
+        )
+        self.pid = pid
+        self.lock_path = lock_path
+
+
+class SocketPathTaken(ServiceError):
+    """Something other than a stale socket sits where the socket should be.
+
+    The daemon never deletes a regular file, a directory, a symbolic link, or a
+    socket somebody still accepts connections on.
+    """
+
+
+class UnsafeHome(ServiceError):
+    """The home is not a directory owned by the daemon's user and closed to others (SPEC §3)."""
+
+
+class ActivationError(ServiceError):
+    """``LISTEN_FDS`` was set for us but does not describe one listening Unix stream socket."""
+
+
+# --------------------------------------------------------------------------
+# The home (SPEC §3 strictness)
+
+
+def ensure_home(home: Path) -> None:
+    """Create the home if it is missing, then check it (:func:`check_home`).
+
+    A missing home, and any missing parent, is created with mode 0700 (what the
+    XDG base directory specification asks for), so that a first start on a
+    fresh machine works.
+
+    Raises:
+        UnsafeHome: the home cannot be created, or fails :func:`check_home`.
+    """
+    try:
+        _make_private_dirs(home)
+    except OSError as exc:
+        raise UnsafeHome(f"cannot create the home {home}: {exc.strerror or exc}") from exc
+    check_home(home)
+
+
+def check_home(home: Path) -> None:
+    """Refuse a home that another user could write receipts into (SPEC §3).
+
+    The home (symbolic links followed) must be a directory, owned by the
+    effective uid, with neither the group nor the others write bit.
+
+    Raises:
+        UnsafeHome: with a message that names the fix (``chmod 0700 …``).
+    """
+    quoted = shlex.quote(str(home))
+    try:
+        st = os.stat(home)
+    except OSError as exc:
+        raise UnsafeHome(f"cannot use the home {home}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeHome(f"the home {home} is not a directory; move it away or pass another --home")
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise UnsafeHome(
+            f"the home {home} is owned by {_user_name(st.st_uid)}, not by {_user_name(me)} "
+            "who runs capsuled: receipts are claims of ownership, so capsuled reads only a home "
+            f"of its own user. Fix: use your own home (--home or CAPSULE_HOME), or "
+            f"`chown {me} {quoted} && chmod 0700 {quoted}`"
+        )
+    writable = [
+        who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit
+    ]
+    if writable:
+        raise UnsafeHome(
+            f"the home {home} is writable by {' and '.join(writable)} "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone who can write it can make a process "
+            f"look like part of a session. Fix: `chmod 0700 {quoted}`"
+        )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _make_private_dirs(path: Path) -> None:
+    """``mkdir -p -m 0700``: directories created here get 0700; existing ones are left alone."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o700)  # the umask may have taken bits we asked for
+
+
+# --------------------------------------------------------------------------
+# One daemon per socket (SPEC §8)
+
+
+def lock_path_for(socket_path: Path) -> Path:
+    """``<socket>.lock``: the lock file beside the socket."""
+    return socket_path.with_name(socket_path.name + ".lock")
+
+
+def prepare_socket_directory(socket_path: Path) -> None:
+    """Create the socket's directory 0700 if it is missing (SPEC §8).
+
+    An existing directory (``$XDG_RUNTIME_DIR``, the home) is left as it is.
+
+    Raises:
+        ServiceError: the directory cannot be created.
+    """
+    try:
+        _make_private_dirs(socket_path.parent)
+    except OSError as exc:
+        raise ServiceError(
+            f"cannot create the socket's directory {socket_path.parent}: {exc.strerror or exc}"
+        ) from exc
+
+
+class SocketLock:
+    """An exclusive ``flock`` on ``<socket>.lock``, with the owner's pid written in it.
+
+    The lock lives as long as the open file description: it goes away when the
+    daemon exits, however it exits (``kill -9`` included), so a stale lock
+    cannot exist. The file itself is never unlinked: removing it would let a
+    later daemon lock a new file at the same path while an earlier one still
+    holds the old one.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @property
+    def held(self) -> bool:
+        """Whether :meth:`release` has not been called yet."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Empty the pid and drop the lock. Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # closing the only descriptor drops the flock
+
+
+def acquire_socket_lock(socket_path: Path, *, pid: int | None = None) -> SocketLock:
+    """Take the exclusive lock beside ``socket_path`` without waiting.
+
+    Take it before the socket is touched (LIBRARY-FACTS.md: binding unlinks
+    whatever is at the path). The lock file is opened without following a
+    symbolic link and must be a regular file owned by the effective uid.
+
+    Args:
+        socket_path: the daemon's socket; its directory must exist.
+        pid: the pid to write into the lock file (default: this process's).
+
+    Returns:
+        The held lock; keep it until the socket has been removed.
+
+    Raises:
+        AlreadyRunning: another process holds the lock; carries its pid.
+        ServiceError: the lock file cannot be opened or is not ours.
+    """
+    path = lock_path_for(socket_path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise ServiceError(f"cannot open the lock file {path}: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise ServiceError(
+                f"the lock file {path} is not a regular file owned by {_user_name(os.geteuid())}; "
+                "remove it if no capsuled is running"
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AlreadyRunning(_read_lock_pid(fd), path, socket_path) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid() if pid is None else pid}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return SocketLock(fd, path)
+
+
+def _read_lock_pid(fd: int) -> int | None:
+    """The pid the lock's owner wrote, waiting briefly if it has not written it yet."""
+    deadline = time.monotonic() + _LOCK_PID_WAIT_S
+    while True:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return int(text)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------
+# The listening socket
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSocket:
+    """A listening socket and what :func:`remove_socket` needs to remove only it.
+
+    Attributes:
+        sock: the listening socket (blocking mode as created; anyio switches it).
+        path: where it is bound.
+        device, inode: identity of the socket file right after ``bind``.
+    """
+
+    sock: socket.socket
+    path: Path
+    device: int
+    inode: int
+
+
+def bind_unix_socket(path: Path, *, backlog: int = 128) -> BoundSocket:
+    """Bind and listen on ``path`` with mode 0600; call only while holding the lock.
+
+    A socket already at ``path`` is replaced only when nobody accepts
+    connections on it (a daemon that died without cleaning up). Anything else
+    at the path is refused and left in place. The socket is chmod-ed to 0600
+    between ``bind`` and ``listen``, so no peer can connect before the mode is
+    right.
+
+    Raises:
+        SocketPathTaken: a file, directory, symbolic link or live socket is at ``path``.
+        ServiceError: the path is too long, or bind/listen failed.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        raise ServiceError(
+            f"the socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes, "
+            "the limit of Unix socket addresses; pass a shorter --socket"
+        )
+    _clear_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(os.fspath(path))
+        os.chmod(path, 0o600)
+        st = os.stat(path)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ServiceError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+    return BoundSocket(sock=sock, path=path, device=st.st_dev, inode=st.st_ino)
+
+
+def _clear_stale_socket(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketPathTaken(
+            f"{path} exists and is {_file_kind(st.st_mode)}, not a socket; capsuled will not "
+            "delete it. Move it away or pass another --socket"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(os.fspath(path))
+    except ConnectionRefusedError:
+        pass  # nobody listens: left by a daemon that died
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SocketPathTaken(
+            f"cannot tell whether the socket {path} is still in use ({exc.strerror or exc}); "
+            "capsuled will not replace it. Remove it if nothing serves it"
+        ) from exc
+    else:
+        raise SocketPathTaken(
+            f"something accepts connections on {path} but holds no capsuled lock "
+            "(a systemd capsuled.socket unit?); capsuled will not replace a live socket. "
+            "Stop it first or pass another --socket"
+        )
+    finally:
+        probe.close()
+    _log.info("replacing stale socket", socket=str(path))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "a special file"
+
+
+def remove_socket(bound: BoundSocket) -> bool:
+    """Unlink the socket file if it is still the one :func:`bind_unix_socket` made.
+
+    Never called for an activated socket: that one belongs to systemd.
+
+    Returns:
+        True if a file was removed.
+    """
+    try:
+        st = os.lstat(bound.path)
+    except FileNotFoundError:
+        return False
+    if (st.st_dev, st.st_ino) != (bound.device, bound.inode):
+        return False
+    try:
+        os.unlink(bound.path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# Socket activation (sd_listen_fds(3))
+
+
+def activated_listener(environ: MutableMapping[str, str] | None = None) -> socket.socket | None:
+    """The listening socket systemd passed, or None when not socket-activated.
+
+    Follows sd_listen_fds(3): ``LISTEN_PID`` must equal our pid, ``LISTEN_FDS``
+    counts descriptors from 3. ``LISTEN_PID``, ``LISTEN_FDS`` and
+    ``LISTEN_FDNAMES`` are removed from the environment in every case, so that
+    no child takes them for its own. The descriptor is marked close-on-exec.
+    Its file is systemd's: the daemon never unlinks or re-creates it.
+
+    Args:
+        environ: the environment to read and clean (default ``os.environ``).
+
+    Raises:
+        ActivationError: the variables are malformed, more than one descriptor
+            was passed, or fd 3 is not a listening Unix stream socket.
+    """
+    env = os.environ if environ is None else environ
+    listen_pid = env.get("LISTEN_PID")
+    listen_fds = env.get("LISTEN_FDS")
+    for name in _ACTIVATION_VARIABLES:
+        env.pop(name, None)
+    if listen_pid is None or listen_fds is None:
+        return None
+    try:
+        pid, count = int(listen_pid), int(listen_fds)
+    except ValueError:
+        raise ActivationError(
+            f"LISTEN_PID={listen_pid!r} / LISTEN_FDS={listen_fds!r} are not numbers"
+        ) from None
+    if pid != os.getpid() or count == 0:
+        return None  # meant for another process (inherited), or nothing passed
+    if count != 1:
+        raise ActivationError(
+            f"systemd passed {count} sockets; capsuled serves exactly one (one ListenStream=)"
+        )
+    fd = LISTEN_FDS_START
+    try:
+        os.set_inheritable(fd, False)
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ActivationError(f"fd {fd} passed by systemd is unusable: {exc}") from exc
+    listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM or not listening:
+        sock.detach()
+        raise ActivationError(
+            f"fd {fd} passed by systemd is not a listening Unix stream socket "
+            "(the .socket unit needs ListenStream= with a path)"
+        )
+    return sock
+
+
+def socket_path_of(sock: socket.socket) -> Path | None:
+    """The file-system path a Unix socket is bound to, or None (abstract or unnamed)."""
+    name = sock.getsockname()
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if not isinstance(name, str) or not name or name.startswith("\0"):
+        return None
+    return Path(name)
+
+
+# --------------------------------------------------------------------------
+# sd_notify (sd_notify(3))
+
+
+class Notifier:
+    """Sends sd_notify(3) messages to ``$NOTIFY_SOCKET``; does nothing without one.
+
+    A datagram socket, a few lines (SPEC §8 records this exception to "use a
+    library"). Send errors never stop the daemon: the first one of each kind is
+    logged at warning, repeats at debug.
+
+    Attributes:
+        address: where messages go (``@name`` already turned into ``\\0name``),
+            or None when disabled.
+        watchdog_interval_s: half of ``$WATCHDOG_USEC`` in seconds when the
+            watchdog is on for this process, else None.
+    """
+
+    def __init__(self, address: str | None, *, watchdog_usec: int | None = None) -> None:
+        self.address = address
+        self.watchdog_interval_s = watchdog_usec / 2_000_000 if watchdog_usec else None
+        self._sock: socket.socket | None = None
+        self._failed: set[int] = set()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Notifier:
+        """Read ``NOTIFY_SOCKET``, ``WATCHDOG_USEC`` and ``WATCHDOG_PID``.
+
+        ``NOTIFY_SOCKET`` may be an absolute path or ``@name`` for the abstract
+        namespace; anything else (e.g. ``vsock:``) disables notification with a
+        warning. The watchdog is on when ``WATCHDOG_USEC`` is a positive integer
+        and ``WATCHDOG_PID``, if set, is our pid (sd_watchdog_enabled(3)).
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get("NOTIFY_SOCKET") or None
+        address: str | None = None
+        if raw is not None:
+            if raw.startswith("@"):
+                address = "\0" + raw[1:]
+            elif raw.startswith("/"):
+                address = raw
+            else:
+                _log.warning("NOTIFY_SOCKET not supported; not notifying", notify_socket=raw)
+        watchdog_usec: int | None = None
+        usec, wd_pid = env.get("WATCHDOG_USEC", ""), env.get("WATCHDOG_PID")
+        if usec.isdigit() and int(usec) > 0 and (wd_pid is None or wd_pid == str(os.getpid())):
+            watchdog_usec = int(usec)
+        return cls(address, watchdog_usec=watchdog_usec)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is somewhere to send to."""
+        return self.address is not None
+
+    def notify(self, *assignments: str) -> bool:
+        """Send ``VAR=value`` assignments as one datagram.
+
+        Returns:
+            True if the datagram was sent; False when disabled or the send failed.
+        """
+        if self.address is None or not assignments:
+            return False
+        message = "\n".join(assignments).encode()
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock.setblocking(False)  # never stall the event loop
+            self._sock.sendto(message, self.address)
+        except OSError as exc:
+            code = exc.errno or 0
+            level = _log.debug if code in self._failed else _log.warning
+            self._failed.add(code)
+            level("sd_notify failed", error=str(exc), message=message.decode())
+            return False
+        return True
+
+    def ready(self, status: str | None = None) -> bool:
+        """``READY=1`` (with a ``STATUS=`` line if given): start-up is complete."""
+        return self.notify("READY=1", *([_status_line(status)] if status else []))
+
+    def status(self, status: str) -> bool:
+        """``STATUS=…``: one line shown by ``systemctl status``."""
+        return self.notify(_status_line(status))
+
+    def watchdog(self) -> bool:
+        """``WATCHDOG=1``: the event loop is alive."""
+        return self.notify("WATCHDOG=1")
+
+    def stopping(self, status: str | None = None) -> bool:
+        """``STOPPING=1``: shutdown has begun."""
+        return self.notify("STOPPING=1", *([_status_line(status)] if status else []))
+
+    def close(self) -> None:
+        """Close the datagram socket. Idempotent."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _status_line(status: str) -> str:
+    return "STATUS=" + " ".join(status.split())
+
+
+# --------------------------------------------------------------------------
+# The peer (SPEC §8, error -32006)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    """Who is at the other end of a Unix stream socket.
+
+    Attributes:
+        pid: the peer's pid, or None when the kernel does not say (0 from
+            ``SO_PEERCRED`` for a peer in another pid namespace; macOS without
+            ``LOCAL_PEERPID``). An unknown pid is not an error by itself.
+        uid: the peer's effective uid at ``connect`` time.
+        gid: its effective gid, or None where not reported.
+    """
+
+    pid: int | None
+    uid: int
+    gid: int | None
+
+
+_UCRED: Final = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+_XUCRED: Final = struct.Struct(
+    "IIh16I"
+)  # struct xucred {u_int cr_version; uid_t; short; gid_t[16]}
+_SOL_LOCAL: Final = 0
+_LOCAL_PEERCRED: Final[int] = getattr(socket, "LOCAL_PEERCRED", 0x001)
+_LOCAL_PEERPID: Final[int] = getattr(socket, "LOCAL_PEERPID", 0x002)
+
+
+def peer_credentials(sock: socket.socket) -> PeerCredentials:
+    """Read the peer's credentials from a connected Unix stream socket.
+
+    Linux: ``SO_PEERCRED``; macOS and the BSDs: ``LOCAL_PEERCRED`` (plus
+    ``LOCAL_PEERPID`` on macOS for the pid).
+
+    Raises:
+        OSError: the kernel refused (for example the peer already hung up on
+            some systems); treat the peer as not allowed.
+    """
+    if hasattr(socket, "SO_PEERCRED"):
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, uid, gid = _UCRED.unpack(raw)
+        return PeerCredentials(pid=pid if pid > 0 else None, uid=uid, gid=gid)
+    raw = sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERCRED, _XUCRED.size)
+    _version, uid, ngroups, *groups = _XUCRED.unpack(raw[: _XUCRED.size])
+    peer_pid: int | None = None
+    if sys.platform == "darwin":
+        try:
+            peer_pid = int.from_bytes(sock.getsockopt(_SOL_LOCAL, _LOCAL_PEERPID, 4), sys.byteorder)
+        except OSError:
+            peer_pid = None
+    return PeerCredentials(pid=peer_pid or None, uid=uid, gid=groups[0] if ngroups > 0 else None)
+
+
+_error_encoder = msgspec.json.Encoder()
+
+
+def permission_denied_line(peer: PeerCredentials, daemon_uid: int | None = None) -> bytes:
+    """The one error line (-32006, ``id`` null) a peer of another uid gets before the hang-up.
+
+    Returns:
+        A JSON-RPC error response, ``\\n``-terminated.
+    """
+    uid = os.geteuid() if daemon_uid is None else daemon_uid
+    error = PermissionDenied(
+        f"permission denied: peer uid {peer.uid} is not the daemon's uid {uid}",
+        {"peer_uid": peer.uid, "daemon_uid": uid},
+    )
+    response = ErrorResponse(
+        jsonrpc=JSONRPC_VERSION,
+        id=None,
+        error=ErrorObject(code=error.code, message=error.message, data=error.data),
+    )
+    return _error_encoder.encode(response) + b"\n"
+
+
+# --------------------------------------------------------------------------
+# Logs
+
+
+def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
+    """Whether ``fd`` is the stream systemd connected to the journal.
+
+    ``$JOURNAL_STREAM`` is ``<device>:<inode>`` of that stream (systemd.exec(5));
+    it only counts when ``fd`` is still that very file.
+    """
+    env = os.environ if environ is None else environ
+    device, sep, inode = env.get("JOURNAL_STREAM", "").partition(":")
+    if not sep or not device.isdigit() or not inode.isdigit():
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (int(device), int(inode))
+
+
+def default_log_format(environ: Mapping[str, str] | None = None, fd: int = 2) -> str:
+    """``"json"`` if ``fd`` goes to the journal or is no terminal, else ``"console"`` (SPEC §8)."""
+    if stderr_is_journal(environ, fd):
+        return "json"
+    try:
+        return "console" if os.isatty(fd) else "json"
+    except OSError:
+        return "json"
