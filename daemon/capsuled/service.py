@@ -428,7 +428,7 @@ def remove_socket(bound: BoundSocket) -> bool:
         st = os.lstat(bound.path)
     except FileNotFoundError:
         return False
-    if (st.st_dev, st.st_ino) != (bound.device, bound.inode):
+    if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != (bound.device, bound.inode):
         return False
     try:
         os.unlink(bound.path)
