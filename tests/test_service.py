@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from capsuled import service
@@ -307,6 +308,30 @@ def test_remove_socket_leaves_a_file_that_replaced_ours(short_dir: Path) -> None
     assert sock_path.read_text() == "someone else's"
 
 
+def test_open_listener_takes_the_lock_then_the_socket_and_close_undoes_both(
+    short_dir: Path,
+) -> None:
+    sock_path = short_dir / "run" / "d.sock"
+    listening = service.open_listener(sock_path, environ={})
+    try:
+        assert not listening.activated
+        assert listening.path == sock_path
+        assert stat.S_IMODE(sock_path.parent.stat().st_mode) == 0o700
+        assert service.lock_path_for(sock_path).read_text() == f"{os.getpid()}\n"
+        inode = os.lstat(sock_path).st_ino
+        # A second daemon for the same socket: refused, and the socket is untouched.
+        with pytest.raises(AlreadyRunning) as caught:
+            service.open_listener(sock_path, environ={})
+        assert caught.value.pid == os.getpid()
+        assert os.lstat(sock_path).st_ino == inode
+    finally:
+        listening.sock.close()
+        listening.close()
+    assert not sock_path.exists()
+    assert service.lock_path_for(sock_path).read_text() == ""
+    listening.close()  # idempotent
+
+
 # --------------------------------------------------------------------------
 # Socket activation
 
@@ -443,6 +468,35 @@ def test_notifier_sends_each_message_as_one_datagram(
         notifier.close()
 
 
+def test_watchdog_keep_alives_arrive_at_half_the_interval(
+    notify_socket: tuple[str, socket.socket],
+) -> None:
+    value, receiver = notify_socket
+    notifier = Notifier.from_environ({"NOTIFY_SOCKET": value, "WATCHDOG_USEC": "40000"})
+    assert notifier.watchdog_interval_s == 0.02
+    received: list[bytes] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.send_watchdog, notifier)
+            with anyio.fail_after(5):
+                while len(received) < 3:
+                    await anyio.wait_readable(receiver)
+                    received.append(receiver.recv(4096))
+            tg.cancel_scope.cancel()
+
+    started = time.monotonic()
+    anyio.run(main)
+    elapsed_s = time.monotonic() - started
+    notifier.close()
+    assert received == [b"WATCHDOG=1"] * 3
+    assert 0.035 < elapsed_s < 4  # two intervals of 20 ms passed between three keep-alives
+
+
+def test_watchdog_off_returns_at_once() -> None:
+    anyio.run(service.send_watchdog, Notifier.from_environ({}))
+
+
 def test_notifier_without_notify_socket_does_nothing() -> None:
     notifier = Notifier.from_environ({})
     assert not notifier.enabled
@@ -476,6 +530,7 @@ def test_peer_credentials_of_a_local_peer() -> None:
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:
         peer = service.peer_credentials(left)
+        assert service.refuse_peer(left) is None
     assert peer == PeerCredentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
@@ -505,11 +560,12 @@ def test_peer_credentials_of_another_uid(short_dir: Path) -> None:
         with conn:
             peer = service.peer_credentials(conn)
             assert peer == PeerCredentials(pid=child, uid=NOBODY, gid=NOBODY)
-            line = service.permission_denied_line(peer)
+            line = service.refuse_peer(conn)
     finally:
         listener.close()
         _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    assert line is not None
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     message = msgspec.json.decode(line)
     assert message["jsonrpc"] == "2.0"

@@ -4,14 +4,16 @@ the home's strictness and the peer's credentials (SPEC §3, §8).
 Everything here is plain, synchronous system-call glue that the supervisor and
 the server call at a few points:
 
-* before the socket is touched: :func:`ensure_home`, :func:`prepare_socket_directory`,
-  :func:`acquire_socket_lock` (one daemon per socket);
-* to get a listener: :func:`activated_listener` (systemd passed one) or else
-  :func:`bind_unix_socket` (replaces only a stale socket, never anything else);
-* while running: :class:`Notifier` (``READY=1``, ``STATUS=``, ``WATCHDOG=1``,
-  ``STOPPING=1``) and, per accepted connection, :func:`peer_credentials` and
-  :func:`permission_denied_line`;
-* on the way out: :func:`remove_socket` and :meth:`SocketLock.release`.
+* at start: :func:`ensure_home` (SPEC §3 strictness), then :func:`open_listener`:
+  the socket systemd passed (:func:`activated_listener`) or a fresh one
+  (:func:`prepare_socket_directory`, :func:`acquire_socket_lock` before the
+  socket is touched, :func:`bind_unix_socket`, which replaces only a stale
+  socket);
+* while running: :class:`Notifier` (``READY=1``, ``STATUS=``, ``STOPPING=1``),
+  :func:`send_watchdog` (``WATCHDOG=1``) and, per accepted connection,
+  :func:`refuse_peer`;
+* on the way out: :meth:`Listening.close` (removes only a socket the daemon
+  created, then releases the lock).
 
 sd_notify is a few lines over a datagram socket rather than a library: the
 maintained wrappers either need libsystemd or swallow every error (SPEC §8,
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import anyio
 import msgspec
 import structlog
 from capsule_client.protocol import JSONRPC_VERSION, ErrorObject, ErrorResponse
@@ -53,6 +56,7 @@ __all__ = [
     "ActivationError",
     "AlreadyRunning",
     "BoundSocket",
+    "Listening",
     "Notifier",
     "PeerCredentials",
     "ServiceError",
@@ -66,10 +70,13 @@ __all__ = [
     "default_log_format",
     "ensure_home",
     "lock_path_for",
+    "open_listener",
     "peer_credentials",
     "permission_denied_line",
     "prepare_socket_directory",
+    "refuse_peer",
     "remove_socket",
+    "send_watchdog",
     "socket_path_of",
     "stderr_is_journal",
 ]
@@ -502,6 +509,76 @@ def socket_path_of(sock: socket.socket) -> Path | None:
     return Path(name)
 
 
+@dataclass(slots=True)
+class Listening:
+    """The daemon's listening socket, the lock that guards it, and how it came to be.
+
+    Attributes:
+        sock: the listening socket, for ``anyio.abc.SocketListener.from_socket``.
+        path: the socket's path (for an activated socket, the path systemd bound).
+        activated: True when systemd passed the socket: the daemon never
+            unlinks it.
+        lock: the held lock beside the socket.
+        bound: what :func:`remove_socket` needs, when the daemon bound the socket.
+    """
+
+    sock: socket.socket
+    path: Path
+    activated: bool
+    lock: SocketLock
+    bound: BoundSocket | None = None
+
+    def close(self) -> None:
+        """Remove the socket the daemon created, then release the lock. Idempotent.
+
+        In that order: once the lock is free another daemon may bind the path,
+        and its socket must not be the one removed. The listening socket itself
+        is closed by whoever wrapped it (anyio's listener ``aclose``).
+        """
+        if self.bound is not None and remove_socket(self.bound):
+            _log.debug("socket removed", socket=str(self.path))
+        self.bound = None
+        self.lock.release()
+
+
+def open_listener(
+    socket_path: Path, *, environ: MutableMapping[str, str] | None = None
+) -> Listening:
+    """Take the lock and the listening socket: the passed one, else a fresh bind (SPEC §8).
+
+    With socket activation (:func:`activated_listener`) the lock is taken beside
+    the socket systemd bound (or beside ``socket_path`` for an abstract one) and
+    the socket is left exactly as it is. Otherwise the socket's directory is
+    created 0700 if missing, the lock is taken, and only then is the socket
+    bound (:func:`bind_unix_socket`).
+
+    Args:
+        socket_path: the configured socket path (SPEC §2).
+        environ: where the activation variables are read and removed
+            (default ``os.environ``).
+
+    Raises:
+        ServiceError: any of the refusals of this module; nothing was left held.
+    """
+    activated = activated_listener(environ)
+    if activated is not None:
+        path = socket_path_of(activated) or socket_path
+        try:
+            lock = acquire_socket_lock(path)
+        except BaseException:
+            activated.detach()  # systemd's descriptor: closing it is not ours to decide
+            raise
+        return Listening(sock=activated, path=path, activated=True, lock=lock)
+    prepare_socket_directory(socket_path)
+    lock = acquire_socket_lock(socket_path)
+    try:
+        bound = bind_unix_socket(socket_path)
+    except BaseException:
+        lock.release()
+        raise
+    return Listening(sock=bound.sock, path=socket_path, activated=False, lock=lock, bound=bound)
+
+
 # --------------------------------------------------------------------------
 # sd_notify (sd_notify(3))
 
@@ -605,6 +682,21 @@ def _status_line(status: str) -> str:
     return "STATUS=" + " ".join(status.split())
 
 
+async def send_watchdog(notifier: Notifier) -> None:
+    """Send ``WATCHDOG=1`` every :attr:`Notifier.watchdog_interval_s` until cancelled.
+
+    Returns at once when the watchdog is off. Runs on the event loop, so a loop
+    blocked for longer than ``WatchdogSec`` stops the keep-alives and systemd
+    restarts the daemon (SPEC §8).
+    """
+    interval_s = notifier.watchdog_interval_s
+    if interval_s is None:
+        return
+    while True:
+        notifier.watchdog()
+        await anyio.sleep(interval_s)
+
+
 # --------------------------------------------------------------------------
 # The peer (SPEC §8, error -32006)
 
@@ -663,23 +755,54 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials:
 _error_encoder = msgspec.json.Encoder()
 
 
-def permission_denied_line(peer: PeerCredentials, daemon_uid: int | None = None) -> bytes:
-    """The one error line (-32006, ``id`` null) a peer of another uid gets before the hang-up.
+def permission_denied_line(peer: PeerCredentials | None, daemon_uid: int | None = None) -> bytes:
+    """The one error line (-32006, ``id`` null) a refused peer gets before the hang-up (SPEC §7).
+
+    Args:
+        peer: the peer's credentials, or None when they could not be read.
+        daemon_uid: the uid the peer was compared with (default: the effective uid).
 
     Returns:
         A JSON-RPC error response, ``\\n``-terminated.
     """
     uid = os.geteuid() if daemon_uid is None else daemon_uid
-    error = PermissionDenied(
-        f"permission denied: peer uid {peer.uid} is not the daemon's uid {uid}",
-        {"peer_uid": peer.uid, "daemon_uid": uid},
-    )
+    if peer is None:
+        error = PermissionDenied("permission denied: the peer's credentials could not be read")
+    else:
+        error = PermissionDenied(
+            f"permission denied: peer uid {peer.uid} is not the daemon's uid {uid}",
+            {"peer_uid": peer.uid, "daemon_uid": uid},
+        )
     response = ErrorResponse(
         jsonrpc=JSONRPC_VERSION,
         id=None,
         error=ErrorObject(code=error.code, message=error.message, data=error.data),
     )
     return _error_encoder.encode(response) + b"\n"
+
+
+def refuse_peer(raw_socket: socket.socket) -> bytes | None:
+    """The line to send before hanging up on a peer that is not the daemon's user, else None.
+
+    A peer whose credentials cannot be read is refused as well. A peer whose pid
+    is unknown (another pid namespace) is judged by its uid alone.
+
+    Args:
+        raw_socket: the accepted connection (``SocketAttribute.raw_socket``).
+
+    Returns:
+        The -32006 error line (:func:`permission_denied_line`), or None when the
+        peer may talk to the daemon.
+    """
+    try:
+        peer = peer_credentials(raw_socket)
+    except OSError as exc:
+        _log.warning("peer credentials unreadable; refusing the connection", error=str(exc))
+        return permission_denied_line(None)
+    if peer.uid == os.geteuid():
+        return None
+    _log.warning("peer of another user refused", peer_uid=peer.uid, peer_pid=peer.pid)
+    return permission_denied_line(peer)
 
 
 # --------------------------------------------------------------------------
