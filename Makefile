@@ -20,7 +20,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/capsuled
 
-test: $(VENV)/.installed-test
+test: lint
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test

@@ -48,7 +48,9 @@ __all__ = [
     "ProcessKind",
     "Provenance",
     "ReconcileParams",
+    "Request",
     "RescanResult",
+    "Response",
     "ServerEntry",
     "Session",
     "SessionProcess",
@@ -101,6 +103,15 @@ class Envelope(Struct):
     id: Raw | UnsetType = UNSET
 
 
+class Request(Struct, omit_defaults=True):
+    """What a client sends; ``params`` is omitted when there are none."""
+
+    jsonrpc: str
+    method: str
+    id: int | str | None
+    params: Any | UnsetType = UNSET
+
+
 class ErrorObject(Struct, omit_defaults=True):
     """The ``error`` member of a response."""
 
@@ -126,9 +137,9 @@ class ErrorResponse(Struct):
 
 
 class Response(Struct):
-    """What a client decodes: either member may be absent."""
+    """What a client decodes: a reply (``result`` or ``error``) or a notification (``method``)."""
 
-    id: Raw | None = None
+    id: int | str | float | None = None
     result: Raw | UnsetType = UNSET
     error: ErrorObject | UnsetType = UNSET
     method: str | UnsetType = UNSET

@@ -1,0 +1,60 @@
+"""Client library for capsuled: the clients, the wire types, the writer kit.
+
+>>> from capsule_client import Client
+>>> with Client() as client:          # doctest: +SKIP
+...     print(client.ping().version)
+
+``Client`` blocks; ``AsyncClient`` is the same for anyio code. Both find the
+socket as SPEC §2 says and raise the exceptions listed in
+``capsule_client._exceptions``. The wire types are in
+``capsule_client.protocol``.
+"""
+
+from ._async_client import AsyncClient
+from ._client import Client
+from ._core import DEFAULT_TIMEOUT_S
+from ._exceptions import (
+    CapsuleError,
+    ClientClosed,
+    ConnectionLost,
+    DaemonNotRunning,
+    DiscoveryUnavailable,
+    InternalError,
+    InvalidParams,
+    InvalidRequest,
+    MethodNotFound,
+    NoSuchTrace,
+    Overloaded,
+    PermissionDenied,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
+    ShuttingDown,
+    UnsafePath,
+)
+from .paths import default_home, default_socket
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "AsyncClient",
+    "CapsuleError",
+    "Client",
+    "ClientClosed",
+    "ConnectionLost",
+    "DaemonNotRunning",
+    "DiscoveryUnavailable",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "MethodNotFound",
+    "NoSuchTrace",
+    "Overloaded",
+    "PermissionDenied",
+    "ProtocolError",
+    "RemoteError",
+    "RequestTimeout",
+    "ShuttingDown",
+    "UnsafePath",
+    "default_home",
+    "default_socket",
+]

@@ -1,0 +1,138 @@
+"""The async client (anyio): the same methods as :class:`~capsule_client.Client`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+from msgspec import Raw
+
+from . import _core
+from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
+from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
+from .protocol import ActiveSessionsSnapshot, LostReport, PingResult, RescanResult, StatusResult
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+_MAX_REPLY_BYTES = 1 << 30
+
+
+class AsyncClient:
+    """Talks to capsuled from anyio code (asyncio or trio).
+
+    Calls on one client are sent one at a time (a lock keeps replies in
+    order); make several clients for concurrency.
+
+    Args and raises: as :class:`~capsule_client.Client`.
+    """
+
+    def __init__(
+        self, socket_path: str | Path | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        self._core = ClientCore(socket_path, timeout_s)
+        self._stream: SocketStream | None = None
+        self._reader: BufferedByteReceiveStream | None = None
+        self._lock = anyio.Lock()
+
+    @property
+    def socket_path(self) -> Path:
+        """The socket this client talks to."""
+        return self._core.socket_path
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection; the client cannot be used again."""
+        self._core.closed = True
+        await self._disconnect()
+
+    async def ping(self) -> PingResult:
+        """``ping``: is the daemon there, and which version."""
+        return await self._call(_core.ping())
+
+    async def status(self) -> StatusResult:
+        """``status``: the daemon's state and counters."""
+        return await self._call(_core.status())
+
+    async def snapshot(
+        self,
+        *,
+        task: str | None = None,
+        timeout_ms: int | None = None,
+        max_age_ms: int | None = None,
+        since: int | None = None,
+    ) -> ActiveSessionsSnapshot:
+        """``sessions.snapshot`` (SPEC §7); params as in :class:`~.protocol.SnapshotParams`."""
+        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since))
+
+    async def reconcile(
+        self, from_session: str, this_session: str, context_id: str
+    ) -> LostReport | None:
+        """``session.reconcile`` (SPEC §6): what ``from_session`` left unaccounted, or ``None``."""
+        return await self._call(_core.reconcile(from_session, this_session, context_id))
+
+    async def rescan(self) -> RescanResult:
+        """``reader.rescan``: the next observation walks the home from scratch."""
+        return await self._call(_core.rescan())
+
+    async def call_raw(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        """Call any method; the result exactly as it came over the wire (JSON bytes)."""
+        return bytes(await self._roundtrip(Call(method, params, Any)))
+
+    async def _call(self, call: Call[T]) -> T:
+        return ClientCore.decode(call, await self._roundtrip(call))
+
+    async def _roundtrip(self, call: Call[Any]) -> Raw:
+        self._core.check_open()
+        async with self._lock:
+            request_id, data = self._core.encode(call)
+            try:
+                with anyio.fail_after(self._core.timeout_for(call)):
+                    stream, reader = await self._connect()
+                    await stream.send(data)
+                    while True:
+                        line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
+                        result = self._core.read_reply(request_id, line)
+                        if result is not None:
+                            return result
+            except TimeoutError as exc:
+                await self._disconnect()
+                raise RequestTimeout(f"no reply to {call.method} from {self.socket_path}") from exc
+            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+                await self._disconnect()
+                raise ConnectionLost(
+                    f"the daemon at {self.socket_path} closed the connection"
+                ) from exc
+            except BaseException:
+                await self._disconnect()
+                raise
+
+    async def _connect(self) -> tuple[SocketStream, BufferedByteReceiveStream]:
+        if self._stream is None or self._reader is None:
+            try:
+                self._stream = await anyio.connect_unix(self.socket_path)
+            except OSError as exc:
+                raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
+            self._reader = BufferedByteReceiveStream(self._stream)
+        return self._stream, self._reader
+
+    async def _disconnect(self) -> None:
+        stream, self._stream, self._reader = self._stream, None, None
+        if stream is not None:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()

@@ -1,0 +1,157 @@
+"""The blocking client: one Unix-socket connection, opened on first use."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from msgspec import Raw
+
+from . import _core
+from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
+from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
+from .protocol import ActiveSessionsSnapshot, LostReport, PingResult, RescanResult, StatusResult
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+
+class Client:
+    """Talks to capsuled, blocking. Not thread-safe: one per thread.
+
+    Args:
+        socket_path: the daemon's socket; default per SPEC §2
+            (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
+        timeout_s: seconds to wait for each reply (long polls wait longer).
+
+    Raises (from every method):
+        DaemonNotRunning: nothing accepts connections on the socket.
+        RequestTimeout: no reply in time (the connection is closed).
+        ConnectionLost: the daemon closed the connection before answering.
+        RemoteError: the daemon answered an error (a subclass per code).
+        ClientClosed: the client was used after :meth:`close`.
+    """
+
+    def __init__(
+        self, socket_path: str | Path | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        self._core = ClientCore(socket_path, timeout_s)
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+
+    @property
+    def socket_path(self) -> Path:
+        """The socket this client talks to."""
+        return self._core.socket_path
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; the client cannot be used again."""
+        self._core.closed = True
+        self._disconnect()
+
+    def ping(self) -> PingResult:
+        """``ping``: is the daemon there, and which version."""
+        return self._call(_core.ping())
+
+    def status(self) -> StatusResult:
+        """``status``: the daemon's state and counters."""
+        return self._call(_core.status())
+
+    def snapshot(
+        self,
+        *,
+        task: str | None = None,
+        timeout_ms: int | None = None,
+        max_age_ms: int | None = None,
+        since: int | None = None,
+    ) -> ActiveSessionsSnapshot:
+        """``sessions.snapshot`` (SPEC §7); params as in :class:`~.protocol.SnapshotParams`."""
+        return self._call(_core.snapshot(task, timeout_ms, max_age_ms, since))
+
+    def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
+        """``session.reconcile`` (SPEC §6): what ``from_session`` left unaccounted, or ``None``."""
+        return self._call(_core.reconcile(from_session, this_session, context_id))
+
+    def rescan(self) -> RescanResult:
+        """``reader.rescan``: the next observation walks the home from scratch."""
+        return self._call(_core.rescan())
+
+    def call_raw(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        """Call any method; the result exactly as it came over the wire (JSON bytes)."""
+        return bytes(self._roundtrip(Call(method, params, Any)))
+
+    def _call(self, call: Call[T]) -> T:
+        return ClientCore.decode(call, self._roundtrip(call))
+
+    def _roundtrip(self, call: Call[Any]) -> Raw:
+        self._core.check_open()
+        request_id, data = self._core.encode(call)
+        deadline = time.monotonic() + self._core.timeout_for(call)
+        sock = self._connect()
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.sendall(data)
+            while True:
+                result = self._core.read_reply(request_id, self._read_line(sock, deadline))
+                if result is not None:
+                    return result
+        except TimeoutError as exc:
+            self._disconnect()
+            raise RequestTimeout(f"no reply to {call.method} from {self.socket_path}") from exc
+        except OSError as exc:
+            self._disconnect()
+            raise ConnectionLost(f"lost the connection to {self.socket_path}: {exc}") from exc
+        except BaseException:
+            self._disconnect()
+            raise
+
+    def _read_line(self, sock: socket.socket, deadline: float) -> bytes:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                return line
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            sock.settimeout(remaining)
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionLost(f"the daemon at {self.socket_path} closed the connection")
+            self._buffer += chunk
+
+    def _connect(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._core.timeout_s)
+        try:
+            sock.connect(str(self.socket_path))
+        except OSError as exc:
+            sock.close()
+            raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
+        self._sock = sock
+        self._buffer.clear()
+        return sock
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._buffer.clear()

@@ -1,0 +1,175 @@
+"""Everything both clients share that needs no I/O (after httpx's ``_client.py``).
+
+Building requests and ids, reading replies, mapping error codes to
+exceptions and decoding typed results live here once; ``Client`` and
+``AsyncClient`` only move bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Generic, TypeVar
+
+import msgspec
+from msgspec import UNSET, Raw
+
+from ._exceptions import ClientClosed, ProtocolError, error_from_wire
+from .paths import default_socket
+from .protocol import (
+    JSONRPC_VERSION,
+    ActiveSessionsSnapshot,
+    LostReport,
+    PingResult,
+    Request,
+    RescanResult,
+    Response,
+    StatusResult,
+)
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Call", "ClientCore"]
+
+T = TypeVar("T")
+
+#: Seconds a client waits for a reply unless told otherwise.
+DEFAULT_TIMEOUT_S: Final = 5.0
+#: Extra seconds a client waits beyond a server-side ``timeout_ms``.
+_SERVER_WAIT_MARGIN_S: Final = 2.0
+
+_encoder: Final = msgspec.json.Encoder()
+_response: Final = msgspec.json.Decoder(Response)
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One method call: what to send and how to read the result.
+
+    Attributes:
+        method: the JSON-RPC method.
+        params: named params, or ``None`` for none.
+        result_type: the type the result decodes to.
+        min_timeout_s: the least the client must wait (a long poll asks for
+            more than the client's default).
+    """
+
+    method: str
+    params: dict[str, Any] | None
+    result_type: Any
+    min_timeout_s: float = 0.0
+    decoder: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoder", _decoder_for(self.result_type))
+
+
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder_for(result_type: Any) -> msgspec.json.Decoder[Any]:
+    decoder = _decoders.get(result_type)
+    if decoder is None:
+        decoder = _decoders[result_type] = msgspec.json.Decoder(result_type)
+    return decoder
+
+
+def ping() -> Call[PingResult]:
+    return Call("ping", None, PingResult)
+
+
+def status() -> Call[StatusResult]:
+    return Call("status", None, StatusResult)
+
+
+def snapshot(
+    task: str | None, timeout_ms: int | None, max_age_ms: int | None, since: int | None
+) -> Call[ActiveSessionsSnapshot]:
+    params: dict[str, Any] = {}
+    for name, value in (
+        ("task", task),
+        ("timeout_ms", timeout_ms),
+        ("max_age_ms", max_age_ms),
+        ("since", since),
+    ):
+        if value is not None:
+            params[name] = value
+    wait_ms = 2000 if timeout_ms is None else timeout_ms
+    return Call(
+        "sessions.snapshot",
+        params,
+        ActiveSessionsSnapshot,
+        min_timeout_s=wait_ms / 1000 + _SERVER_WAIT_MARGIN_S,
+    )
+
+
+def reconcile(from_session: str, this_session: str, context_id: str) -> Call[LostReport | None]:
+    params = {"from_session": from_session, "this_session": this_session, "context_id": context_id}
+    return Call("session.reconcile", params, LostReport | None)
+
+
+def rescan() -> Call[RescanResult]:
+    return Call("reader.rescan", None, RescanResult)
+
+
+class ClientCore:
+    """Request ids, encoding, reply parsing and error mapping for one connection.
+
+    Args:
+        socket_path: the daemon's socket; default per SPEC §2.
+        timeout_s: seconds to wait for each reply.
+    """
+
+    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.socket_path = Path(socket_path) if socket_path is not None else default_socket()
+        self.timeout_s = timeout_s
+        self.closed = False
+        self._last_id = 0
+
+    def check_open(self) -> None:
+        """Raises :class:`ClientClosed` once the client has been closed."""
+        if self.closed:
+            raise ClientClosed("this client is closed; make a new one")
+
+    def timeout_for(self, call: Call[Any]) -> float:
+        """Seconds to wait for the reply to ``call``."""
+        return max(self.timeout_s, call.min_timeout_s)
+
+    def encode(self, call: Call[Any]) -> tuple[int, bytes]:
+        """A fresh request id and the request line (with its newline)."""
+        self._last_id += 1
+        params = UNSET if call.params is None else call.params
+        request = Request(
+            jsonrpc=JSONRPC_VERSION, method=call.method, id=self._last_id, params=params
+        )
+        return self._last_id, _encoder.encode(request) + b"\n"
+
+    def read_reply(self, request_id: int, line: bytes) -> Raw | None:
+        """The raw result of the reply ``line``; ``None`` if it is a notification.
+
+        Raises:
+            RemoteError: (a subclass per code) the daemon answered an error.
+            ProtocolError: the line is not a JSON-RPC reply to this request.
+        """
+        try:
+            reply = _response.decode(line)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"the daemon's reply is not JSON-RPC: {exc}") from exc
+        if reply.method is not UNSET:
+            return None  # a notification (subscriptions); not this request's reply
+        if reply.error is not UNSET:
+            error = reply.error
+            data = None if error.data is UNSET else error.data
+            raise error_from_wire(error.code, error.message, data)
+        if reply.result is UNSET:
+            raise ProtocolError("the daemon's reply has neither result nor error")
+        if reply.id != request_id:
+            raise ProtocolError(f"reply for another request (id {reply.id!r})")
+        return reply.result
+
+    @staticmethod
+    def decode(call: Call[T], raw: Raw) -> T:
+        """The typed result of ``call`` from its raw result."""
+        try:
+            result: T = call.decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"unexpected result for {call.method}: {exc}") from exc
+        return result

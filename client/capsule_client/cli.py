@@ -1,0 +1,185 @@
+"""``capsulectl``: ask the daemon from a shell (SPEC §9).
+
+Exit status: 0 success, 1 the daemon answered an error (or the reply was
+lost or late), 2 bad usage, 3 the daemon is not running.
+
+``--json`` prints the method's result exactly as it came over the wire, one
+JSON document; without it, output is for people and may change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
+
+from ._client import Client
+from ._core import DEFAULT_TIMEOUT_S
+from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
+from .protocol import StatusResult
+
+__all__ = ["main"]
+
+EXIT_OK: Final = 0
+EXIT_REMOTE_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_NOT_RUNNING: Final = 3
+
+Command = Callable[[Client, argparse.Namespace, TextIO], int]
+
+
+def _ping(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        _print_json(out, client.call_raw("ping"))
+        return EXIT_OK
+    result = client.ping()
+    print(f"capsuled {result.version} is running on {client.socket_path}", file=out)
+    return EXIT_OK
+
+
+def _status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        _print_json(out, client.call_raw("status"))
+        return EXIT_OK
+    print(render_status(client.status()), file=out)
+    return EXIT_OK
+
+
+def render_status(status: StatusResult) -> str:
+    """``status`` as aligned ``key: value`` lines for people."""
+    if status.discovery is None:
+        discovery = "no observation yet"
+    else:
+        age = "" if status.last_observed_at is None else _age(status.last_observed_at)
+        discovery = f"{status.discovery}" + (f" (observed {age} ago)" if age else "")
+    totals = status.totals
+    rows = [
+        ("daemon", f"capsuled {status.version}, pid {status.pid}, up {_duration(status.uptime_s)}"),
+        ("home", status.home),
+        ("socket", status.socket),
+        ("watcher", status.watcher),
+        ("discovery", discovery),
+        ("clients", str(status.clients)),
+        (
+            "totals",
+            f"{totals.requests} requests, {totals.errors} errors, "
+            f"{totals.observations} observations, {totals.rescans} rescans, "
+            f"{totals.readers_restarted} reader restarts",
+        ),
+    ]
+    if status.last_cost is not None:
+        cost = status.last_cost
+        rows.append(
+            (
+                "last cost",
+                f"{cost.directories} dirs, {cost.receipts} receipts, {cost.bytes} bytes, "
+                f"{cost.process_samples} samples, {cost.rescans} rescans, "
+                f"{cost.retained} retained, {cost.dirty_paths} dirty",
+            )
+        )
+    rows.extend(("note", note) for note in status.notes)
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key + ':':<{width + 1}} {value}" for key, value in rows)
+
+
+def _age(unix_s: float) -> str:
+    return _duration(max(time.time() - unix_s, 0.0))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
+
+
+def _print_json(out: TextIO, raw: bytes) -> None:
+    out.write(raw.decode())
+    out.write("\n")
+
+
+COMMANDS: dict[str, tuple[Command, str]] = {
+    "ping": (_ping, "check that the daemon answers"),
+    "status": (_status, "the daemon's state, watcher, last observation and counters"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``capsulectl`` command line."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="the daemon's socket (default: $CAPSULED_SOCKET, else "
+        "$XDG_RUNTIME_DIR/capsuled.sock, else $CAPSULE_HOME/capsuled.sock)",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the result exactly as the daemon sent it, one JSON document",
+    )
+    common.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=argparse.SUPPRESS,
+        help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser = argparse.ArgumentParser(
+        prog="capsulectl",
+        parents=[common],
+        description="Ask capsuled which sessions are alive and what resumed sessions lost.",
+        epilog="Exit status: 0 success, 1 the daemon answered an error, 2 bad usage, "
+        "3 the daemon is not running.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
+    """Run ``capsulectl``; returns the exit status.
+
+    Args:
+        argv: the arguments (without the program name); default ``sys.argv[1:]``.
+        out: where results go; default ``sys.stdout``. Errors go to ``sys.stderr``.
+    """
+    out = sys.stdout if out is None else out
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_OK if exc.code == 0 else EXIT_USAGE
+    options: dict[str, Any] = {"socket": None, "json": False, "timeout": DEFAULT_TIMEOUT_S}
+    options.update({k: v for k, v in vars(args).items() if k in options})
+    args.json = options["json"]
+    command, _ = COMMANDS[args.command]
+    try:
+        with Client(options["socket"], timeout_s=options["timeout"]) as client:
+            return command(client, args, out)
+    except DaemonNotRunning as exc:
+        print(
+            f"capsulectl: capsuled is not running: nothing accepts connections on "
+            f"{exc.socket_path} ({exc.reason}).\n"
+            "Start it with `capsuled` (foreground) or `systemctl --user start capsuled`, "
+            "or point --socket / $CAPSULED_SOCKET at the socket it serves.",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_RUNNING
+    except RemoteError as exc:
+        print(f"capsulectl: the daemon answered error {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_REMOTE_ERROR
+    except CapsuleError as exc:
+        print(f"capsulectl: {exc}", file=sys.stderr)
+        return EXIT_REMOTE_ERROR
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m capsuled``: the same as the ``capsuled`` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""The daemon's configuration: flags, their environment variables, defaults (SPEC §8).
+
+A flag wins over its environment variable, which wins over the default.
+Every flag and variable is listed in ``capsuled --help`` and in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from capsule_client.paths import default_home, default_socket
+
+from . import __version__
+
+__all__ = ["Config", "ConfigError", "parse_args"]
+
+LogFormat = Literal["json", "console", "auto"]
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable has a value the daemon cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the daemon was told at start-up.
+
+    Attributes:
+        home: the home directory (SPEC §2), absolute.
+        socket: the Unix socket path, absolute.
+        sample_interval_s: seconds between two observations of the sampler.
+        rescan_interval_s: seconds between two periodic full rescans.
+        log_format: ``json``, ``console``, or ``auto`` (console on a TTY
+            that is not the journal, JSON otherwise).
+        log_level: lowest level logged, lower case.
+        max_connections: connections served at once; more get -32002.
+        drain_timeout_s: how long a shutdown waits for in-flight requests.
+    """
+
+    home: Path
+    socket: Path
+    sample_interval_s: float = 1.0
+    rescan_interval_s: float = 300.0
+    log_format: LogFormat = "auto"
+    log_level: str = "info"
+    max_connections: int = 1024
+    drain_timeout_s: float = 5.0
+
+
+# (flag, environment variable, help) for the options that have one.
+_ENV = {
+    "home": "CAPSULE_HOME",
+    "socket": "CAPSULED_SOCKET",
+    "sample_interval": "CAPSULED_SAMPLE_INTERVAL",
+    "rescan_interval": "CAPSULED_RESCAN_INTERVAL",
+    "log_format": "CAPSULED_LOG_FORMAT",
+    "log_level": "CAPSULED_LOG_LEVEL",
+    "max_connections": "CAPSULED_MAX_CONNECTIONS",
+}
+
+
+def _positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``capsuled`` command line; each option's help names its variable."""
+    parser = argparse.ArgumentParser(
+        prog="capsuled",
+        description=(
+            "Per-user daemon that tells agent runtimes which sessions are alive, with which "
+            "processes, and which background commands a resumed session left behind. "
+            "It serves JSON-RPC 2.0, one message per line, on a Unix socket."
+        ),
+        epilog=(
+            "Each option can also be set by the environment variable in brackets; the flag "
+            "wins. Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), 1 when the daemon "
+            "cannot start (bad home, socket in use), 2 on bad usage."
+        ),
+    )
+
+    def add(flag: str, key: str, help_text: str, **kwargs: object) -> None:
+        parser.add_argument(flag, dest=key, help=f"{help_text} [${_ENV[key]}]", **kwargs)  # type: ignore[arg-type]
+
+    add(
+        "--home",
+        "home",
+        "directory runtimes write receipts into "
+        "(default: $XDG_STATE_HOME/capsule, else ~/.local/state/capsule)",
+        metavar="DIR",
+    )
+    add(
+        "--socket",
+        "socket",
+        "Unix socket to serve (default: $XDG_RUNTIME_DIR/capsuled.sock, else HOME/capsuled.sock)",
+        metavar="PATH",
+    )
+    add(
+        "--sample-interval",
+        "sample_interval",
+        "seconds between two observations (default: 1)",
+        metavar="S",
+    )
+    add(
+        "--rescan-interval",
+        "rescan_interval",
+        "seconds between two full rescans of the home (default: 300)",
+        metavar="S",
+    )
+    add(
+        "--log-format",
+        "log_format",
+        "json, console, or auto: console on a terminal, JSON otherwise (default: auto)",
+        metavar="FORMAT",
+    )
+    add(
+        "--log-level",
+        "log_level",
+        "debug, info, warning, error or critical (default: info)",
+        metavar="LEVEL",
+    )
+    add(
+        "--max-connections",
+        "max_connections",
+        "connections served at once; more are answered -32002 and closed (default: 1024)",
+        metavar="N",
+    )
+    parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Turn the command line and the environment into a :class:`Config`.
+
+    Raises:
+        ConfigError: a value is out of range or malformed (message names it).
+        SystemExit: ``--help``, ``--version`` or a usage error (argparse).
+    """
+    env = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+
+    def pick(key: str) -> str | None:
+        value: str | None = getattr(args, key)
+        if value is None:
+            value = env.get(_ENV[key]) or None
+        return value
+
+    home_text = pick("home")
+    home = Path(home_text).expanduser() if home_text else default_home(env)
+    home = Path(os.path.abspath(home))
+    socket_text = pick("socket")
+    socket = Path(socket_text).expanduser() if socket_text else default_socket(home, env)
+    socket = Path(os.path.abspath(socket))
+
+    log_format = (pick("log_format") or "auto").lower()
+    if log_format not in ("json", "console", "auto"):
+        raise ConfigError(f"log format must be json, console or auto, not {log_format!r}")
+    log_level = (pick("log_level") or "info").lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+
+    config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
+    overrides: dict[str, object] = {}
+    if (text := pick("sample_interval")) is not None:
+        overrides["sample_interval_s"] = _positive_float("sample interval", text)
+    if (text := pick("rescan_interval")) is not None:
+        overrides["rescan_interval_s"] = _positive_float("rescan interval", text)
+    if (text := pick("max_connections")) is not None:
+        overrides["max_connections"] = _positive_int("max connections", text)
+    if len(os.fsencode(socket)) > 107:
+        raise ConfigError(
+            f"socket path {socket} is longer than the 107 bytes a Unix socket allows; "
+            "choose a shorter --socket"
+        )
+    return replace(config, **overrides)  # type: ignore[arg-type]

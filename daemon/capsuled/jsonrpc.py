@@ -1,0 +1,276 @@
+"""The JSON-RPC 2.0 envelope and dispatch, free of I/O (SPEC §7).
+
+:meth:`Dispatcher.handle_line` takes one received line and returns the bytes
+to send back (without the newline), or ``None`` when nothing is owed: a
+notification, a batch of notifications, a blank line. The rules, with the
+codes of https://www.jsonrpc.org/specification:
+
+* not JSON (including invalid UTF-8): -32700 with ``id: null``;
+* JSON that is not a request object, ``jsonrpc`` other than ``"2.0"``, a
+  missing or non-string ``method``, an ``id`` that is not a string, number or
+  null, ``params`` that are not an object or array: -32600 (with the request's
+  id when it could be read, else null);
+* an unknown method: -32601; params that do not fit the method: -32602 whose
+  message and ``data`` name the parameter and the reason;
+* a handler raising :class:`~capsuled.errors.RpcError`: that error; any other
+  exception: -32603, logged with its traceback;
+* a notification (no ``id`` member) is executed and never answered, even on
+  error; ``"id": null`` is a request and is answered;
+* a batch is answered by an array of the non-notification replies in request
+  order; an empty batch gets one -32600; a batch of notifications gets none.
+
+The JSON-RPC envelope is one of the two pieces of plumbing the project writes
+itself instead of taking a library (SPEC §7 and LIBRARY-FACTS.md say why).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import structlog
+from msgspec import UNSET, Raw, Struct
+
+from capsule_client.protocol import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    JSONRPC_VERSION,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Envelope,
+    ErrorObject,
+    ErrorResponse,
+    SuccessResponse,
+)
+
+from .errors import RpcError, ShuttingDown
+
+__all__ = ["Dispatcher", "Handler", "Method", "encode_error"]
+
+log = structlog.get_logger("capsuled.rpc")
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+_encoder: Final = msgspec.json.Encoder()
+_envelope: Final = msgspec.json.Decoder(Envelope)
+_batch: Final = msgspec.json.Decoder(list[Raw])
+_id: Final = msgspec.json.Decoder(str | int | float | None)
+_str: Final = msgspec.json.Decoder(str)
+_EMPTY: Final = b"{}"
+_WHERE = re.compile(r" - at `\$\.?([^`]*)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """A method the daemon serves: its params type and its handler."""
+
+    params: type[Struct]
+    handler: Handler
+
+
+class _Invalid(Exception):
+    """A request that cannot be dispatched; carries the error to answer."""
+
+    def __init__(self, code: int, message: str, data: Any = UNSET) -> None:
+        super().__init__(message)
+        self.error = ErrorObject(code=code, message=message, data=data)
+
+
+def encode_error(code: int, message: str, id: Raw | None = None, data: Any = UNSET) -> bytes:
+    """One error response, encoded (no newline)."""
+    error = ErrorObject(code=code, message=message, data=data)
+    return _encoder.encode(ErrorResponse(jsonrpc=JSONRPC_VERSION, id=id, error=error))
+
+
+class Dispatcher:
+    """Decodes requests, runs their handlers and encodes the replies.
+
+    Args:
+        methods: method name → :class:`Method`.
+        on_request: called once per dispatched request or notification with
+            ``(method, outcome)`` where outcome is ``"ok"`` or the error
+            code; used for the ``status`` totals.
+    """
+
+    def __init__(
+        self,
+        methods: Mapping[str, Method],
+        on_request: Callable[[str, int | None], None] | None = None,
+    ) -> None:
+        self._methods = dict(methods)
+        self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
+        self._on_request = on_request
+        self.shutting_down = False
+
+    async def handle_line(self, line: bytes) -> bytes | None:
+        """Answer one received line (without its ``\\n``); ``None``: send nothing."""
+        text = line.strip()
+        if not text:
+            return None  # a blank line: nothing was asked (convenient with socat)
+        try:
+            # Raw members are not checked for UTF-8 until decoded; JSON text must be UTF-8.
+            text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return encode_error(PARSE_ERROR, f"parse error: invalid UTF-8 at byte {exc.start}")
+        if text[:1] == b"[":
+            return await self._handle_batch(text)
+        try:
+            envelope = _envelope.decode(text)
+        except msgspec.ValidationError:
+            return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
+        except msgspec.DecodeError as exc:
+            return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        reply = await self._handle_one(envelope)
+        return None if reply is None else _encoder.encode(reply)
+
+    async def _handle_batch(self, text: bytes) -> bytes | None:
+        try:
+            items = _batch.decode(text)
+        except msgspec.DecodeError as exc:
+            return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        if not items:
+            return encode_error(INVALID_REQUEST, "invalid request: empty batch")
+        replies: list[SuccessResponse | ErrorResponse] = []
+        for item in items:
+            try:
+                envelope = _envelope.decode(item)
+            except msgspec.DecodeError:
+                replies.append(_error(None, INVALID_REQUEST, "invalid request: not an object"))
+                continue
+            reply = await self._handle_one(envelope)
+            if reply is not None:
+                replies.append(reply)
+        return _encoder.encode(replies) if replies else None
+
+    async def _handle_one(self, envelope: Envelope) -> SuccessResponse | ErrorResponse | None:
+        id_ok = envelope.id is UNSET or _valid_id(envelope.id)
+        id = envelope.id if id_ok and envelope.id is not UNSET else None
+        try:
+            if not id_ok:
+                raise _Invalid(
+                    INVALID_REQUEST, "invalid request: id must be a string, number or null"
+                )
+            name = self._validate(envelope)
+        except _Invalid as invalid:
+            return _with_id(id, invalid.error)
+        is_notification = envelope.id is UNSET
+        name = name if name in self._methods else name[:200]  # bound what reaches the logs
+        started = time.perf_counter()
+        outcome: int | None = None
+        try:
+            method = self._methods.get(name)
+            if method is None:
+                raise _Invalid(METHOD_NOT_FOUND, f"method not found: {name[:200]!r}")
+            if self.shutting_down:
+                raise ShuttingDown("the daemon is shutting down")
+            params = self._decode_params(name, envelope.params)
+            result = await method.handler(params)
+            if is_notification:
+                return None
+            try:
+                # Encode here so that an unencodable result is this request's error.
+                return SuccessResponse(
+                    jsonrpc=JSONRPC_VERSION, id=id, result=Raw(_encoder.encode(result))
+                )
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise RuntimeError(f"result of {name} cannot be encoded") from exc
+        except _Invalid as invalid:
+            outcome = invalid.error.code
+            return None if is_notification else _with_id(id, invalid.error)
+        except RpcError as exc:
+            outcome = exc.code
+            log.info("request failed", method=name, code=exc.code, error=exc.message)
+            data = UNSET if exc.data is None else exc.data
+            error = ErrorObject(code=exc.code, message=exc.message, data=data)
+            return None if is_notification else _with_id(id, error)
+        except Exception as exc:
+            outcome = INTERNAL_ERROR
+            log.error("method raised", method=name, exc_info=True)
+            message = f"internal error in {name}: {type(exc).__name__}: {exc}"
+            return None if is_notification else _error(id, INTERNAL_ERROR, message)
+        finally:
+            duration_ms = (time.perf_counter() - started) * 1000
+            log.debug(
+                "request",
+                method=name,
+                duration_ms=round(duration_ms, 3),
+                outcome="ok" if outcome is None else outcome,
+                notification=is_notification,
+            )
+            if self._on_request is not None:
+                self._on_request(name, outcome)
+
+    def _validate(self, envelope: Envelope) -> str:
+        """The method name of a well-formed request; raises :class:`_Invalid` otherwise."""
+        if envelope.jsonrpc is UNSET or _decode_str(envelope.jsonrpc) != JSONRPC_VERSION:
+            raise _Invalid(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"')
+        name = None if envelope.method is UNSET else _decode_str(envelope.method)
+        if name is None:
+            raise _Invalid(INVALID_REQUEST, 'invalid request: "method" must be a string')
+        if envelope.params is not UNSET and bytes(envelope.params).lstrip()[:1] not in (
+            b"{",
+            b"[",
+        ):
+            raise _Invalid(INVALID_REQUEST, 'invalid request: "params" must be an object or array')
+        return name
+
+    def _decode_params(self, name: str, raw: Raw | msgspec.UnsetType) -> Any:
+        text = _EMPTY if raw is UNSET else bytes(raw).strip()
+        if text[:1] == b"[":
+            if text[1:].strip() != b"]":
+                raise _Invalid(
+                    INVALID_PARAMS,
+                    "invalid params: params must be an object of named parameters",
+                    {"param": "params", "reason": "positional params are not supported"},
+                )
+            text = _EMPTY
+        try:
+            return self._decoders[name].decode(text)
+        except msgspec.ValidationError as exc:
+            reason = str(exc)
+            match = _WHERE.search(reason)
+            reason = _WHERE.sub("", reason)
+            unknown = _UNKNOWN.search(reason)
+            if match and match.group(1):
+                param = match.group(1)
+            elif unknown:
+                param = unknown.group(1)[:100]
+            else:
+                param = "params"
+            raise _Invalid(
+                INVALID_PARAMS,
+                f"invalid params: {param}: {reason}",
+                {"param": param, "reason": reason},
+            ) from None
+
+
+def _decode_str(raw: Raw) -> str | None:
+    try:
+        return _str.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _valid_id(raw: Raw) -> bool:
+    """A JSON-RPC id is a string, a number or null."""
+    try:
+        _id.decode(raw)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def _error(id: Raw | None, code: int, message: str) -> ErrorResponse:
+    return ErrorResponse(
+        jsonrpc=JSONRPC_VERSION, id=id, error=ErrorObject(code=code, message=message)
+    )
+
+
+def _with_id(id: Raw | None, error: ErrorObject) -> ErrorResponse:
+    return ErrorResponse(jsonrpc=JSONRPC_VERSION, id=id, error=error)

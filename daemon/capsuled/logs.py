@@ -1,0 +1,68 @@
+"""Logging setup: structlog, one JSON object per line on stderr (SPEC §8).
+
+Only the daemon's entry point calls :func:`configure`; the client library
+never configures logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import msgspec
+import structlog
+
+__all__ = ["configure", "wants_console"]
+
+_encoder = msgspec.json.Encoder(enc_hook=repr)
+
+
+def _serialize(obj: Any, **_: Any) -> bytes:
+    # structlog passes default=...; msgspec's encode takes none (LIBRARY-FACTS).
+    return _encoder.encode(obj)
+
+
+def wants_console(log_format: str) -> bool:
+    """Whether to render for people: asked for, or ``auto`` on a terminal.
+
+    ``auto`` means JSON when stderr is not a TTY or goes to the journal
+    (systemd sets ``JOURNAL_STREAM``).
+    """
+    if log_format != "auto":
+        return log_format == "console"
+    return sys.stderr.isatty() and not os.environ.get("JOURNAL_STREAM")
+
+
+def configure(log_format: str = "auto", level: str = "info") -> None:
+    """Route structlog to stderr as JSON lines or console text.
+
+    Args:
+        log_format: ``json``, ``console`` or ``auto`` (see :func:`wants_console`).
+        level: lowest level to emit, e.g. ``"info"``.
+    """
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    level_no = logging.getLevelNamesMapping()[level.upper()]
+    if wants_console(log_format):
+        processors = [*shared, structlog.dev.ConsoleRenderer()]
+        factory: Any = structlog.PrintLoggerFactory(sys.stderr)
+    else:
+        processors = [
+            *shared,
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
+            structlog.processors.JSONRenderer(serializer=_serialize),
+        ]
+        factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=factory,
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,43 @@
+"""``capsuled``: the daemon's entry point (SPEC §8).
+
+Exit status: 0 after a clean shutdown, 1 when the daemon cannot start, 2 on
+bad usage (a malformed flag or environment variable).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import anyio
+import structlog
+
+from . import logs
+from .config import Config, ConfigError, parse_args
+from .supervisor import Daemon, StartupError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    try:
+        config = parse_args(argv)
+    except ConfigError as exc:
+        print(f"capsuled: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_format, config.log_level)
+    log = structlog.get_logger("capsuled")
+    try:
+        anyio.run(_serve, config)
+    except StartupError as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down
+        return 130
+    return 0
+
+
+async def _serve(config: Config) -> None:
+    # The daemon makes anyio primitives, so it is built inside the event loop.
+    await Daemon(config).run()

@@ -1,0 +1,343 @@
+"""The Unix-socket server: listener, framing, connections, drain (SPEC §7, §8).
+
+One message per line. A line longer than ``MAX_MESSAGE_BYTES`` is answered
+with -32600 and the connection is closed (the length is checked here, since
+anyio's ``receive_until`` may hand back a longer line when the delimiter was
+already buffered). A final line without its ``\\n`` is still answered when the
+peer half-closes (``printf '...' | socat - UNIX-CONNECT:sock`` works).
+
+Requests on one connection are answered in order. No failure of one
+connection reaches the server: each connection task catches what it raises
+(LIBRARY-FACTS: one escaping exception kills an anyio ``serve``).
+
+A reply the peer does not read within ``write_timeout_s`` drops the
+connection, so a stuck reader cannot hold a request slot forever.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import errno
+import os
+import socket
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import structlog
+from anyio.abc import ByteStream, TaskStatus, UNIXSocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES, ErrorCode
+
+from .jsonrpc import Dispatcher, encode_error
+
+__all__ = [
+    "Connection",
+    "Server",
+    "UnixListener",
+    "bind_unix_listener",
+    "bind_unix_listener_socket",
+    "current_connection",
+]
+
+log = structlog.get_logger("capsuled.server")
+
+#: The connection whose request is being handled (for methods that push
+#: notifications later, such as subscriptions).
+current_connection: contextvars.ContextVar[Connection] = contextvars.ContextVar(
+    "current_connection"
+)
+
+_RECEIVE_CHUNK = 65536
+
+
+class Connection:
+    """One client connection: its stream, a send lock, and whether it is busy."""
+
+    def __init__(self, stream: ByteStream, number: int, write_timeout_s: float) -> None:
+        self.stream = stream
+        self.number = number
+        self.busy = False
+        self.scope = anyio.CancelScope()
+        self._send_lock = anyio.Lock()
+        self._write_timeout_s = write_timeout_s
+
+    def end_reading(self) -> None:
+        """Make the pending read see end-of-stream, so the connection ends by itself.
+
+        Shutting the socket down for reading is gentler than cancelling the
+        read: anyio's asyncio stream (4.16) can set its read future twice when
+        a cancelled read meets arriving data, which the event loop reports as
+        ``InvalidStateError``.
+        """
+        raw = self.stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+        try:
+            if raw is None:
+                raise OSError("no raw socket")
+            raw.shutdown(socket.SHUT_RD)
+        except OSError:
+            self.scope.cancel()
+
+    async def send_line(self, data: bytes) -> bool:
+        """Send one message and its newline; ``False`` if the peer is gone or stuck.
+
+        Replies and notifications take the same lock, so lines never interleave.
+        """
+        async with self._send_lock:
+            with anyio.move_on_after(self._write_timeout_s) as timeout:
+                try:
+                    await self.stream.send(data + b"\n")
+                    return True
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return False
+            if timeout.cancelled_caught:
+                log.warning(
+                    "dropping a connection that does not read its replies",
+                    connection=self.number,
+                    write_timeout_s=self._write_timeout_s,
+                )
+            return False
+
+
+class Server:
+    """Serves a :class:`Dispatcher` on a listener until told to stop.
+
+    Args:
+        dispatcher: answers each line.
+        max_connections: connections served at once; one more is answered
+            -32002 and closed.
+        write_timeout_s: how long a reply may wait for the peer to read it.
+        on_connect: called for each accepted connection with its raw socket,
+            before anything is read; returning an error line (bytes) sends it
+            and closes the connection (the peer-credential check uses this).
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        max_connections: int = 1024,
+        write_timeout_s: float = 10.0,
+        on_connect: Callable[[socket.socket], bytes | None] | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.max_connections = max_connections
+        self.write_timeout_s = write_timeout_s
+        self.on_connect = on_connect
+        self.connections: set[Connection] = set()
+        self._accepted = 0
+        self._accept_scope = anyio.CancelScope()
+        self._connection_closed = anyio.Event()
+        self._stopping = False
+
+    @property
+    def clients(self) -> int:
+        """Connections open now."""
+        return len(self.connections)
+
+    async def serve(
+        self,
+        listener: UnixListener,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept connections until :meth:`stop_accepting`, then wait for them to end."""
+        async with anyio.create_task_group() as connections:
+            async with listener:
+                task_status.started()
+                with self._accept_scope:
+                    await self._accept_loop(listener, connections)
+            await self.wait_closed()
+
+    async def _accept_loop(self, listener: UnixListener, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                # EMFILE and friends: back off instead of spinning.
+                log.warning("accept failed", error=str(exc), errno=exc.errno)
+                await anyio.sleep(0.1)
+                continue
+            self._accepted += 1
+            tg.start_soon(self._serve_connection, stream, self._accepted)
+
+    def stop_accepting(self) -> None:
+        """Close the listener; connections go on until :meth:`close_idle` or they end."""
+        self._stopping = True
+        self._accept_scope.cancel()
+
+    def close_idle(self) -> None:
+        """Close every connection not in the middle of a request.
+
+        A busy connection closes itself after sending its current reply.
+        """
+        for connection in list(self.connections):
+            if not connection.busy:
+                connection.end_reading()
+
+    async def wait_closed(self) -> None:
+        """Return once no connection is open."""
+        while self.connections:
+            self._connection_closed = anyio.Event()
+            await self._connection_closed.wait()
+
+    def close_all(self) -> None:
+        """Cancel every connection, busy or not (the drain timeout passed)."""
+        for connection in list(self.connections):
+            connection.scope.cancel()
+
+    async def _serve_connection(self, stream: ByteStream, number: int) -> None:
+        connection = Connection(stream, number, self.write_timeout_s)
+        self.connections.add(connection)
+        try:
+            with connection.scope:
+                async with stream:
+                    await self._converse(connection)
+        except Exception:
+            log.warning("connection failed", connection=number, exc_info=True)
+        finally:
+            self.connections.discard(connection)
+            self._connection_closed.set()
+
+    async def _converse(self, connection: Connection) -> None:
+        stream = connection.stream
+        if len(self.connections) > self.max_connections:
+            log.warning("connection refused: too many", limit=self.max_connections)
+            await connection.send_line(
+                encode_error(
+                    ErrorCode.OVERLOADED,
+                    f"overloaded: more than {self.max_connections} connections",
+                )
+            )
+            return
+        if self.on_connect is not None:
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            refusal = self.on_connect(raw) if raw is not None else None
+            if refusal is not None:
+                await connection.send_line(refusal)
+                return
+        token = current_connection.set(connection)
+        try:
+            await self._read_requests(connection, BufferedByteReceiveStream(stream))
+        finally:
+            current_connection.reset(token)
+
+    async def _read_requests(
+        self, connection: Connection, buffered: BufferedByteReceiveStream
+    ) -> None:
+        while not self._stopping:
+            final = False
+            try:
+                line = await buffered.receive_until(b"\n", MAX_MESSAGE_BYTES + 1)
+            except anyio.IncompleteRead:
+                line, final = bytes(buffered.buffer), True
+            except anyio.DelimiterNotFound:
+                line = b"x" * (MAX_MESSAGE_BYTES + 1)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                return
+            if len(line) > MAX_MESSAGE_BYTES:
+                await connection.send_line(
+                    encode_error(
+                        INVALID_REQUEST,
+                        f"invalid request: message longer than {MAX_MESSAGE_BYTES} bytes; "
+                        "closing the connection",
+                    )
+                )
+                return
+            connection.busy = True
+            try:
+                reply = await self.dispatcher.handle_line(line)
+                if reply is not None and not await connection.send_line(reply):
+                    return
+            finally:
+                connection.busy = False
+            if final:
+                return
+
+
+def bind_unix_listener_socket(path: Path) -> socket.socket:
+    """Bind and listen on ``path`` with mode 0600, in a directory made 0700.
+
+    A stale socket (nobody listening) is replaced. The caller must hold the
+    lock beside the socket (SPEC §8), so that no live daemon loses its socket.
+
+    Raises:
+        FileExistsError: something that is not a socket is at ``path``; it is
+            never deleted.
+        OSError: the directory cannot be made or the bind fails.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            kind = "directory" if stat.S_ISDIR(mode) else "file that is not a socket"
+            raise FileExistsError(
+                errno.EEXIST, f"{path} is a {kind}; refusing to replace it", str(path)
+            )
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(os.fspath(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class UnixListener:
+    """A listening Unix socket that hands out anyio streams.
+
+    anyio's own asyncio listener (4.16) sets its accept future from a reader
+    callback that can fire twice when connections arrive in a burst, which
+    raises ``InvalidStateError`` inside the event loop; this accept loop
+    waits with ``anyio.wait_readable``, which tolerates that.
+
+    Args:
+        sock: a bound, listening ``AF_UNIX`` stream socket (made non-blocking here).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.socket = sock
+
+    @classmethod
+    def from_fd(cls, fd: int) -> UnixListener:
+        """Wrap an inherited listening descriptor (socket activation)."""
+        return cls(socket.socket(fileno=fd))
+
+    async def accept(self) -> UNIXSocketStream:
+        """The next connection; raises ``OSError`` as ``accept(2)`` does."""
+        while True:
+            try:
+                client, _ = self.socket.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(self.socket)
+                continue
+            return await UNIXSocketStream.from_socket(client)
+
+    async def aclose(self) -> None:
+        """Stop listening (the socket file is the caller's to remove)."""
+        self.socket.close()
+
+    async def __aenter__(self) -> UnixListener:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def bind_unix_listener(path: Path) -> UnixListener:
+    """:func:`bind_unix_listener_socket` wrapped as a :class:`UnixListener`."""
+    return UnixListener(bind_unix_listener_socket(path))

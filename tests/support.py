@@ -1,0 +1,156 @@
+"""Test helpers: deadlines instead of sleeps, short socket paths, a real daemon."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(
+    predicate: Callable[[], T | bool | None],
+    *,
+    timeout_s: float = 5.0,
+    interval_s: float = 0.01,
+    message: str = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+        time.sleep(interval_s)
+
+
+@contextmanager
+def short_tmpdir() -> Iterator[Path]:
+    """A fresh directory under /tmp with a short name (sockets allow 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="cap", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def raw_exchange(socket_path: Path, data: bytes, *, timeout_s: float = 5.0) -> bytes:
+    """Send ``data``, half-close, and return everything the daemon sent back."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(socket_path))
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class DaemonProcess:
+    """The real ``capsuled``, started as a subprocess on a short socket path.
+
+    Args:
+        home: the home directory to serve.
+        socket_path: the socket to listen on.
+        args: extra command-line arguments.
+        env: extra environment variables.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        socket_path: Path,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.home = home
+        self.socket_path = socket_path
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = home.parent / f"capsuled-{socket_path.name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "capsuled",
+            "--home",
+            str(self.home),
+            "--socket",
+            str(self.socket_path),
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            *self.args,
+        ]
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, *, wait: bool = True) -> DaemonProcess:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env
+        )
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Wait until the socket accepts a ``ping``; fail early if the daemon died."""
+
+        def answers() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"capsuled exited with {self.process.returncode}:\n{self.logs()}"
+                )
+            try:
+                reply = raw_exchange(
+                    self.socket_path, b'{"jsonrpc":"2.0","id":0,"method":"ping"}\n', timeout_s=1
+                )
+            except OSError:
+                return False
+            return b'"pong":true' in reply
+
+        wait_until(answers, timeout_s=timeout_s, message="capsuled to answer ping")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        """Send ``sig`` and wait for the exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=timeout_s)
+
+    def logs(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def __enter__(self) -> DaemonProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)

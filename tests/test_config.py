@@ -1,0 +1,48 @@
+"""Flags, environment variables and defaults (SPEC §2, §8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from capsule_client.paths import default_home, default_socket
+from capsuled.config import ConfigError, parse_args
+
+
+def test_defaults_follow_xdg() -> None:
+    env = {"HOME": "/h", "XDG_STATE_HOME": "/state", "XDG_RUNTIME_DIR": "/run/user/1"}
+    assert default_home(env) == Path("/state/capsule")
+    assert default_socket(environ=env) == Path("/run/user/1/capsuled.sock")
+    assert default_home({"CAPSULE_HOME": "/c", **env}) == Path("/c")
+    assert default_socket(environ={"CAPSULED_SOCKET": "/s.sock", **env}) == Path("/s.sock")
+    assert default_socket(Path("/c"), {}) == Path("/c/capsuled.sock")
+    assert default_home({"XDG_STATE_HOME": ""}) == Path.home() / ".local/state/capsule"
+
+
+def test_flag_beats_environment_beats_default() -> None:
+    env = {"CAPSULE_HOME": "/env-home", "CAPSULED_SAMPLE_INTERVAL": "2.5"}
+    config = parse_args([], env)
+    assert config.home == Path("/env-home")
+    assert config.socket == Path("/env-home/capsuled.sock")
+    assert config.sample_interval_s == 2.5
+    config = parse_args(["--home", "/flag-home", "--sample-interval", "0.5"], env)
+    assert config.home == Path("/flag-home") and config.sample_interval_s == 0.5
+    assert parse_args([], {"CAPSULE_HOME": "/x"}).rescan_interval_s == 300.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--sample-interval", "0"], "sample interval"),
+        (["--sample-interval", "nan"], "sample interval"),
+        (["--rescan-interval", "soon"], "rescan interval"),
+        (["--log-format", "xml"], "log format"),
+        (["--log-level", "loud"], "log level"),
+        (["--max-connections", "0"], "max connections"),
+        (["--socket", "/" + "s" * 120], "107 bytes"),
+    ],
+)
+def test_bad_values_are_named(argv: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_args(["--home", "/h", *argv], {})

@@ -1,0 +1,111 @@
+"""The server and dispatcher in-process, with methods made for the test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import structlog
+
+from capsule_client.protocol import NoParams
+from capsuled.jsonrpc import Dispatcher, Method
+from capsuled.server import Server, bind_unix_listener
+
+pytestmark = pytest.mark.anyio
+
+
+async def _ping(params: NoParams) -> dict[str, bool]:
+    return {"pong": True}
+
+
+async def _boom(params: NoParams) -> None:
+    raise ZeroDivisionError("a bug in a method")
+
+
+async def _unencodable(params: NoParams) -> object:
+    return object()
+
+
+METHODS = {
+    "ping": Method(NoParams, _ping),
+    "boom": Method(NoParams, _boom),
+    "unencodable": Method(NoParams, _unencodable),
+}
+
+
+async def _exchange(sock: Path, lines: list[bytes]) -> list[Any]:
+    async with await anyio.connect_unix(sock) as stream:
+        replies = []
+        buffer = b""
+        for line in lines:
+            await stream.send(line + b"\n")
+            while b"\n" not in buffer:
+                buffer += await stream.receive()
+            reply, _, buffer = buffer.partition(b"\n")
+            replies.append(json.loads(reply))
+        return replies
+
+
+async def test_an_exception_in_a_method_is_an_internal_error_and_the_connection_lives(
+    short_dir: Path,
+) -> None:
+    dispatcher = Dispatcher(METHODS)
+    server = Server(dispatcher)
+    listener = await bind_unix_listener(short_dir / "t.sock")
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            got = await _exchange(
+                short_dir / "t.sock",
+                [
+                    b'{"jsonrpc":"2.0","id":1,"method":"boom"}',
+                    b'{"jsonrpc":"2.0","id":2,"method":"unencodable"}',
+                    b'{"jsonrpc":"2.0","id":3,"method":"ping"}',
+                ],
+            )
+            server.stop_accepting()
+            server.close_idle()
+    assert got[0]["id"] == 1 and got[0]["error"]["code"] == -32603
+    assert "ZeroDivisionError" in got[0]["error"]["message"]
+    assert got[1]["id"] == 2 and got[1]["error"]["code"] == -32603
+    assert got[2] == {"jsonrpc": "2.0", "id": 3, "result": {"pong": True}}
+    failures = [e for e in logs if e["event"] == "method raised"]
+    assert [e["method"] for e in failures] == ["boom", "unencodable"]
+    assert all(e["exc_info"] is True and e["log_level"] == "error" for e in failures)
+
+
+async def test_counts_each_request_and_its_outcome() -> None:
+    seen: list[tuple[str, int | None]] = []
+    dispatcher = Dispatcher(METHODS, on_request=lambda m, o: seen.append((m, o)))
+    await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    await dispatcher.handle_line(b'{"jsonrpc":"2.0","method":"boom"}')
+    await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":1}}')
+    assert seen == [("ping", None), ("boom", -32603), ("ping", -32602)]
+
+
+async def test_requests_while_shutting_down_are_refused() -> None:
+    dispatcher = Dispatcher(METHODS)
+    dispatcher.shutting_down = True
+    reply = await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    assert reply is not None
+    assert json.loads(reply)["error"]["code"] == -32005
+
+
+async def test_a_connection_over_the_cap_is_told_overloaded(short_dir: Path) -> None:
+    server = Server(Dispatcher(METHODS), max_connections=1)
+    listener = await bind_unix_listener(short_dir / "c.sock")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, listener)
+        async with await anyio.connect_unix(short_dir / "c.sock") as first:
+            await first.send(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+            assert b'"pong":true' in await first.receive()
+            async with await anyio.connect_unix(short_dir / "c.sock") as second:
+                line = await second.receive()
+                assert json.loads(line)["error"]["code"] == -32002
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await second.receive()
+        server.stop_accepting()
+        server.close_idle()
