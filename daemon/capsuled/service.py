@@ -48,8 +48,8 @@ from typing import Final
 import anyio
 import msgspec
 import structlog
-from capsule_client.protocol import JSONRPC_VERSION, ErrorObject, ErrorResponse
 
+from capsule_client.protocol import JSONRPC_VERSION, ErrorObject, ErrorResponse
 from capsuled.errors import PermissionDenied
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
     "activated_listener",
     "bind_unix_socket",
     "check_home",
-    "default_log_format",
     "ensure_home",
     "lock_path_for",
     "open_listener",
@@ -382,8 +381,8 @@ def _clear_stale_socket(path: Path) -> None:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise SocketPathTaken(
-            f"{path} exists and is {_file_kind(st.st_mode)}, not a socket; capsuled will not "
-            "delete it. Move it away or pass another --socket"
+            f"{path} exists and is {_file_kind(st.st_mode)}, not a socket; refusing to replace "
+            "it. Move it away or pass another --socket"
         )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     probe.settimeout(1.0)
@@ -824,13 +823,3 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
     except OSError:
         return False
     return (st.st_dev, st.st_ino) == (int(device), int(inode))
-
-
-def default_log_format(environ: Mapping[str, str] | None = None, fd: int = 2) -> str:
-    """``"json"`` if ``fd`` goes to the journal or is no terminal, else ``"console"`` (SPEC §8)."""
-    if stderr_is_journal(environ, fd):
-        return "json"
-    try:
-        return "console" if os.isatty(fd) else "json"
-    except OSError:
-        return "json"

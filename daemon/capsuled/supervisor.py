@@ -10,10 +10,10 @@ Signal handlers only set state: one task reads the signals.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
-from pathlib import Path
 
 import anyio
 import structlog
@@ -21,10 +21,11 @@ from anyio.abc import TaskStatus
 
 from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
 
+from . import service
 from .api import Api
 from .config import Config
 from .jsonrpc import Dispatcher
-from .server import Server, bind_unix_listener
+from .server import Server, UnixListener
 
 __all__ = ["Daemon", "StartupError"]
 
@@ -54,7 +55,14 @@ class Daemon:
         self.notes: list[str] = ["no reader runs yet: sessions are not observed"]
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
-        self.server = Server(self.dispatcher, max_connections=config.max_connections)
+        self.server = Server(
+            self.dispatcher,
+            max_connections=config.max_connections,
+            on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
+        )
+        self.notifier = service.Notifier.from_environ()
+        self._ready_sent = False
+        self._status_sent: str | None = None
         self._shutdown = anyio.Event()
 
     def _count_request(self, method: str, outcome: int | None) -> None:
@@ -65,6 +73,22 @@ class Daemon:
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
+
+    def announce_ready(self) -> None:
+        """Tell systemd start-up is complete (``READY=1``), once; later calls do nothing.
+
+        SPEC §8: ready once the first observation is done. Until a reader runs,
+        the daemon is ready as soon as it serves.
+        """
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.ready()
+
+    def announce_status(self, text: str) -> None:
+        """Send ``STATUS=`` to systemd when the one-line state changed."""
+        if text != self._status_sent:
+            self._status_sent = text
+            self.notifier.status(text)
 
     def request_rescan(self) -> None:
         """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
@@ -77,39 +101,36 @@ class Daemon:
             StartupError: the home or the socket cannot be set up.
         """
         _route_event_loop_errors()
-        self._prepare_home()
         try:
-            listener = await bind_unix_listener(self.config.socket)
-        except OSError as exc:
-            raise StartupError(f"cannot listen on {self.config.socket}: {exc}") from exc
-        socket_identity = _identity(self.config.socket)
+            service.ensure_home(self.config.home)  # SPEC §3 strictness
+            listening = service.open_listener(self.config.socket)  # lock, then socket
+        except service.ServiceError as exc:
+            raise StartupError(str(exc)) from exc
+        if listening.path != self.config.socket:
+            self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
-                await tg.start(self.server.serve, listener)
+                tg.start_soon(service.send_watchdog, self.notifier)
+                await tg.start(self.server.serve, UnixListener(listening.sock))
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),
                     socket=str(self.config.socket),
                     home=str(self.config.home),
+                    socket_activated=listening.activated,
                 )
+                self.announce_status(f"serving {self.config.home} on {self.config.socket}")
+                self.announce_ready()
                 task_status.started()
                 await self._shutdown.wait()
+                self.notifier.stopping("shutting down: finishing requests in flight")
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
-            if socket_identity is not None and _identity(self.config.socket) == socket_identity:
-                self.config.socket.unlink(missing_ok=True)
+            listening.close()  # removes only a socket the daemon created, then unlocks
+            self.notifier.close()
             log.info("capsuled stopped")
-
-    def _prepare_home(self) -> None:
-        home = self.config.home
-        try:
-            home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StartupError(f"cannot create the home {home}: {exc}") from exc
-        if not home.is_dir():
-            raise StartupError(f"the home {home} is not a directory")
 
     async def _drain(self) -> None:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
@@ -152,11 +173,3 @@ def _route_event_loop_errors() -> None:
         asyncio.get_running_loop().set_exception_handler(handler)
     except RuntimeError:  # not on asyncio
         pass
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
