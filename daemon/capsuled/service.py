@@ -762,7 +762,8 @@ def permission_denied_line(peer: PeerCredentials | None, daemon_uid: int | None 
         daemon_uid: the uid the peer was compared with (default: the effective uid).
 
     Returns:
-        A JSON-RPC error response, ``\\n``-terminated.
+        A JSON-RPC error response, one message without its ``\\n`` (the server
+        frames it, as it does every reply).
     """
     uid = os.geteuid() if daemon_uid is None else daemon_uid
     if peer is None:
@@ -777,7 +778,7 @@ def permission_denied_line(peer: PeerCredentials | None, daemon_uid: int | None 
         id=None,
         error=ErrorObject(code=error.code, message=error.message, data=error.data),
     )
-    return _error_encoder.encode(response) + b"\n"
+    return _error_encoder.encode(response)
 
 
 def refuse_peer(raw_socket: socket.socket) -> bytes | None:

@@ -1,0 +1,411 @@
+"""The real daemon as a service: one per socket, activation, sd_notify, peers, home (SPEC §3, §8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import DaemonProcess, raw_exchange, wait_until
+
+from capsuled.service import lock_path_for
+
+PING = b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n'
+STATUS = b'{"jsonrpc":"2.0","id":8,"method":"status"}\n'
+NOBODY = 65534
+IS_ROOT = os.geteuid() == 0
+
+
+class WrappedDaemon(DaemonProcess):
+    """The real daemon started through a wrapper command (a launcher, a sandbox)."""
+
+    def __init__(self, prefix: list[str], *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.prefix = prefix
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.prefix, *super().command]
+
+
+def answers_ping(socket_path: Path) -> bool:
+    try:
+        return b'"pong":true' in raw_exchange(socket_path, PING, timeout_s=2)
+    except OSError:
+        return False
+
+
+def status_of(socket_path: Path) -> dict[str, object]:
+    reply = json.loads(raw_exchange(socket_path, STATUS))
+    result: dict[str, object] = reply["result"]
+    return result
+
+
+def json_logs(daemon: DaemonProcess) -> list[dict[str, object]]:
+    return [json.loads(line) for line in daemon.logs().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def home(short_dir: Path) -> Path:
+    path = short_dir / "home"
+    path.mkdir(mode=0o700)
+    return path
+
+
+# --------------------------------------------------------------------------
+# One daemon per socket
+
+
+def test_a_second_daemon_exits_1_naming_the_first(daemon: DaemonProcess) -> None:
+    inode = os.lstat(daemon.socket_path).st_ino
+    assert lock_path_for(daemon.socket_path).read_text() == f"{daemon.pid}\n"
+    second = DaemonProcess(daemon.home, daemon.socket_path).start(wait=False)
+    assert second.process is not None
+    assert second.process.wait(timeout=30) == 1
+    assert f"pid {daemon.pid}" in second.logs()
+    assert "already running" in second.logs()
+    assert os.lstat(daemon.socket_path).st_ino == inode
+    assert answers_ping(daemon.socket_path)
+
+
+def test_the_socket_of_a_killed_daemon_is_replaced(home: Path, short_dir: Path) -> None:
+    sock = short_dir / "k.sock"
+    with DaemonProcess(home, sock) as first:
+        assert first.process is not None
+        first.process.kill()
+        first.process.wait(timeout=10)
+    assert stat.S_ISSOCK(os.lstat(sock).st_mode)  # left behind, nobody listening
+    assert not answers_ping(sock)
+    with DaemonProcess(home, sock) as second:
+        assert status_of(sock)["pid"] == second.pid
+        assert lock_path_for(sock).read_text() == f"{second.pid}\n"
+        assert "replacing stale socket" in second.logs()
+        assert second.stop() == 0
+
+
+def test_a_directory_at_the_socket_path_is_refused_and_kept(home: Path, short_dir: Path) -> None:
+    sock = short_dir / "dir.sock"
+    sock.mkdir()
+    (sock / "keep").write_text("data")
+    daemon = DaemonProcess(home, sock).start(wait=False)
+    assert daemon.process is not None
+    assert daemon.process.wait(timeout=30) == 1
+    assert (sock / "keep").read_text() == "data"
+    assert f"{sock} exists and is a directory" in daemon.logs()
+
+
+def test_daemons_started_at_the_same_instant_leave_exactly_one_serving(
+    home: Path, short_dir: Path
+) -> None:
+    sock = short_dir / "race.sock"
+    contenders = [DaemonProcess(home, sock) for _ in range(4)]
+    for contender in contenders:
+        contender.log_path = short_dir / f"race-{id(contender)}.log"
+        contender.start(wait=False)
+    try:
+
+        def losers() -> list[DaemonProcess]:
+            return [c for c in contenders if c.process is not None and c.process.poll() == 1]
+
+        wait_until(lambda: len(losers()) == 3, timeout_s=20, message="three daemons to give up")
+        [winner] = [c for c in contenders if c not in losers()]
+        wait_until(lambda: answers_ping(sock), message="the winner to serve")
+        assert status_of(sock)["pid"] == winner.pid
+        for loser in losers():
+            assert f"pid {winner.pid}" in loser.logs()
+        assert winner.stop() == 0
+    finally:
+        for contender in contenders:
+            contender.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------
+# Socket activation
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing"
+)
+def test_socket_activation_serves_the_passed_socket_and_leaves_it(
+    home: Path, short_dir: Path
+) -> None:
+    sock = short_dir / "act.sock"
+    daemon = WrappedDaemon(["systemd-socket-activate", "-l", str(sock)], home, sock).start(
+        wait=False
+    )
+    try:
+        wait_until(sock.exists, message="systemd-socket-activate to listen")
+        inode = os.lstat(sock).st_ino
+        daemon.wait_ready()  # the first connection starts the daemon
+        status = status_of(sock)
+        assert status["socket"] == str(sock)
+        assert lock_path_for(sock).read_text() == f"{status['pid']}\n"
+        logs = json_logs(daemon)
+        assert any(e.get("socket_activated") is True for e in logs), logs
+        assert daemon.stop(signal.SIGTERM) == 0
+        # systemd's socket: neither unlinked nor re-created by the daemon.
+        assert os.lstat(sock).st_ino == inode
+        assert lock_path_for(sock).read_text() == ""
+    finally:
+        daemon.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------
+# sd_notify
+
+
+class NotifyReceiver:
+    """A real datagram socket standing in for systemd's notification socket."""
+
+    def __init__(self, sock: socket.socket, value: str) -> None:
+        self.sock = sock
+        self.value = value
+        self.messages: list[str] = []
+
+    def count(self, line: str) -> int:
+        """How many datagrams so far carry ``line``."""
+        return sum(line in m.split("\n") for m in self.messages)
+
+    def wait_for(self, line: str, times: int = 1, timeout_s: float = 10.0) -> list[str]:
+        """Read datagrams until ``times`` of them carry ``line``; return all so far."""
+        deadline = time.monotonic() + timeout_s
+        while self.count(line) < times:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {times} x {line!r} within {timeout_s} s: {self.messages}")
+            readable, _, _ = select.select([self.sock], [], [], remaining)
+            if readable:
+                self.messages.append(self.sock.recv(4096).decode())
+        return self.messages
+
+
+@pytest.fixture(params=["path", "abstract"])
+def notify_receiver(request: pytest.FixtureRequest, short_dir: Path) -> Iterator[NotifyReceiver]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if request.param == "path":
+        address = str(short_dir / "notify")
+        sock.bind(address)
+        value = address
+    else:
+        name = f"capsuled-notify-{os.getpid()}-{time.monotonic_ns()}"
+        sock.bind("\0" + name)
+        value = "@" + name
+    with sock:
+        yield NotifyReceiver(sock, value)
+
+
+def test_sd_notify_ready_status_watchdog_stopping(
+    home: Path, short_dir: Path, notify_receiver: NotifyReceiver
+) -> None:
+    sock = short_dir / "n.sock"
+    env = {"NOTIFY_SOCKET": notify_receiver.value, "WATCHDOG_USEC": "200000"}
+    daemon = DaemonProcess(home, sock, env=env).start(wait=False)
+    try:
+        messages = notify_receiver.wait_for("READY=1")
+        assert answers_ping(sock)  # READY=1 means it serves already
+        assert any(m.startswith("STATUS=") or "\nSTATUS=" in m for m in messages), messages
+        # WATCHDOG_USEC=200000: a keep-alive every 0.1 s; three more within 5 s.
+        notify_receiver.wait_for("WATCHDOG=1", notify_receiver.count("WATCHDOG=1") + 3, 5)
+        assert daemon.stop(signal.SIGTERM) == 0
+        messages = notify_receiver.wait_for("STOPPING=1", timeout_s=1)
+    finally:
+        daemon.__exit__(None, None, None)
+    ready_at = next(i for i, m in enumerate(messages) if "READY=1" in m.split("\n"))
+    stopping_at = next(i for i, m in enumerate(messages) if "STOPPING=1" in m.split("\n"))
+    assert ready_at < stopping_at
+
+
+# --------------------------------------------------------------------------
+# Peers
+
+
+def connect_as(uid: int, sock: Path, request: bytes) -> bytes:
+    """Connect from a child process running as ``uid``; return all it received."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 2)
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(5)
+                conn.connect(str(sock))
+                try:
+                    conn.sendall(request)
+                except BrokenPipeError:
+                    pass  # refused before the request was sent
+                received = b""
+                try:
+                    while chunk := conn.recv(65536):
+                        received += chunk
+                except ConnectionResetError:
+                    pass  # closed with our request unread: the line came first
+            os.write(write_end, received)
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        received = pipe.read()
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, received
+    return received
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="connecting as another uid needs root")
+def test_a_peer_of_another_uid_gets_one_error_line_and_is_disconnected(
+    daemon: DaemonProcess,
+) -> None:
+    # Loosen the file modes on purpose: the peer check must hold on its own.
+    os.chmod(daemon.socket_path.parent, 0o755)
+    os.chmod(daemon.socket_path, 0o666)
+    received = connect_as(NOBODY, daemon.socket_path, PING + PING)
+    lines = received.splitlines()
+    assert len(lines) == 1, received
+    reply = json.loads(lines[0])
+    assert reply["id"] is None
+    assert reply["error"]["code"] == -32006
+    assert f"peer uid {NOBODY}" in reply["error"]["message"]
+    assert "result" not in reply
+    assert answers_ping(daemon.socket_path)  # the daemon's own user is still served
+    refused = [e for e in json_logs(daemon) if e.get("event") == "peer of another user refused"]
+    assert refused and refused[0]["peer_uid"] == NOBODY
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or not IS_ROOT, reason="needs unshare as root")
+def test_a_peer_without_a_pid_in_our_namespace_is_served(home: Path, short_dir: Path) -> None:
+    """Inside its own pid namespace the daemon reads pid 0 for us: not an error by itself."""
+    sock = short_dir / "ns.sock"
+    with WrappedDaemon(["unshare", "--pid", "--kill-child"], home, sock) as daemon:
+        assert status_of(sock)["pid"] == 1  # the daemon is pid 1 of its namespace
+        assert answers_ping(sock)
+        assert not any(e.get("event", "").startswith("peer") for e in json_logs(daemon))  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------
+# The home (SPEC §3)
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707])
+def test_a_home_open_to_others_is_refused_with_the_fix(short_dir: Path, mode: int) -> None:
+    home = short_dir / "open"
+    home.mkdir()
+    os.chmod(home, mode)
+    daemon = DaemonProcess(home, short_dir / "h.sock").start(wait=False)
+    assert daemon.process is not None
+    assert daemon.process.wait(timeout=30) == 1
+    assert f"chmod 0700 {home}" in daemon.logs()
+    assert not (short_dir / "h.sock").exists()  # refused before the socket was touched
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs root")
+def test_a_home_of_another_user_is_refused(short_dir: Path) -> None:
+    home = short_dir / "theirs"
+    home.mkdir(mode=0o700)
+    os.chown(home, NOBODY, NOBODY)
+    daemon = DaemonProcess(home, short_dir / "o.sock").start(wait=False)
+    assert daemon.process is not None
+    assert daemon.process.wait(timeout=30) == 1
+    assert f"owned by uid {NOBODY}" in daemon.logs()
+
+
+# --------------------------------------------------------------------------
+# Signals and logs
+
+
+def test_sighup_schedules_a_rescan_and_the_daemon_serves_on(daemon: DaemonProcess) -> None:
+    assert daemon.process is not None
+    daemon.process.send_signal(signal.SIGHUP)
+    wait_until(
+        lambda: any(e.get("event") == "SIGHUP: scheduling a rescan" for e in json_logs(daemon)),
+        message="the SIGHUP to be logged",
+    )
+    assert answers_ping(daemon.socket_path)
+    assert daemon.stop(signal.SIGTERM) == 0
+
+
+def test_console_logs_on_a_terminal_even_with_an_inherited_journal_stream(
+    home: Path, short_dir: Path
+) -> None:
+    main_fd, tty_fd = os.openpty()
+    sock = short_dir / "tty.sock"
+    command = [sys.executable, "-m", "capsuled", "--home", str(home), "--socket", str(sock)]
+    env = {**os.environ, "JOURNAL_STREAM": "8:12345"}  # a terminal's shell inherited it
+    env.pop("CAPSULED_LOG_FORMAT", None)
+    proc = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=tty_fd, stderr=tty_fd, env=env
+    )
+    os.close(tty_fd)
+    try:
+        wait_until(lambda: answers_ping(sock), timeout_s=10, message="the daemon to serve")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        output = b""
+        while select.select([main_fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main_fd)
+    text = output.decode(errors="replace")
+    assert "capsuled ready" in text
+    assert not any(line.lstrip().startswith("{") for line in text.splitlines()), text
+
+
+def test_json_logs_when_stderr_is_not_a_terminal(home: Path, short_dir: Path) -> None:
+    sock = short_dir / "j.sock"
+    env = {"JOURNAL_STREAM": "8:12345"}
+    with DaemonProcess(home, sock, args=["--log-format", "auto"], env=env) as daemon:
+        assert daemon.stop() == 0
+    lines = [line for line in daemon.logs().splitlines() if line.strip()]
+    assert lines and all(json.loads(line)["event"] for line in lines)
+
+
+# --------------------------------------------------------------------------
+# Sandboxing the unit asks for
+
+MDWE_WRAPPER = """
+import ctypes, os, sys
+if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE
+    sys.exit(77)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def mdwe_supported() -> bool:
+    probe = [sys.executable, "-c", MDWE_WRAPPER, "/bin/true"]
+    return sys.platform.startswith("linux") and subprocess.run(probe, check=False).returncode == 0
+
+
+def test_the_daemon_serves_with_memory_deny_write_execute(home: Path, short_dir: Path) -> None:
+    """What ``MemoryDenyWriteExecute=yes`` in the unit needs: no W+X mapping, ever."""
+    if not mdwe_supported():
+        pytest.skip("no PR_SET_MDWE here (Linux >= 6.3)")
+    sock = short_dir / "m.sock"
+    with WrappedDaemon([sys.executable, "-c", MDWE_WRAPPER], home, sock) as daemon:
+        assert answers_ping(sock)
+        assert daemon.stop() == 0
