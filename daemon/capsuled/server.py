@@ -178,9 +178,8 @@ class Server:
                 connection.end_reading()
 
     async def wait_closed(self) -> None:
-        """Return once no connection is open."""
+        """Return once no connection is open (any number of tasks may wait)."""
         while self.connections:
-            self._connection_closed = anyio.Event()
             await self._connection_closed.wait()
 
     def close_all(self) -> None:
@@ -199,7 +198,9 @@ class Server:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
             self.connections.discard(connection)
+            # Wake every waiter, then arm a fresh event for the next close.
             self._connection_closed.set()
+            self._connection_closed = anyio.Event()
 
     async def _converse(self, connection: Connection) -> None:
         stream = connection.stream
