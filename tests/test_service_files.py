@@ -126,6 +126,14 @@ assert any(p.info["create_time"] for p in psutil.process_iter(["create_time"]))
 msgspec.json.decode(msgspec.json.encode({"a": [1, 2]}))
 sqlite3.connect(":memory:").execute("select 1").fetchall()
 anyio.run(anyio.sleep, 0.01)
+import pathlib, tempfile, threading
+watched = pathlib.Path(tempfile.mkdtemp())
+threading.Timer(0.2, (watched / "r.json").write_text, ["{}"]).start()
+for changes in watchfiles.watch(watched, rust_timeout=5000, yield_on_timeout=True):
+    assert any(path.endswith("r.json") for _, path in changes), changes
+    break
+import shutil
+shutil.rmtree(watched)
 print("ok")
 """
 
