@@ -218,6 +218,7 @@ class Server:
             refusal = self.on_connect(raw) if raw is not None else None
             if refusal is not None:
                 await connection.send_line(refusal)
+                await _hang_up_gently(stream)
                 return
         token = current_connection.set(connection)
         try:
@@ -256,6 +257,25 @@ class Server:
                 connection.busy = False
             if final:
                 return
+
+
+async def _hang_up_gently(
+    stream: ByteStream, *, grace_s: float = 1.0, max_bytes: int = MAX_MESSAGE_BYTES
+) -> None:
+    """Half-close, then discard what the peer sends until it closes (bounded).
+
+    A refused peer usually sends its request right after connecting. Closing at
+    once would make that send fail (EPIPE) before the peer reads the error
+    line; this way it reads the line, then end-of-stream.
+    """
+    with anyio.move_on_after(grace_s):
+        try:
+            await stream.send_eof()
+            discarded = 0
+            while discarded < max_bytes:
+                discarded += len(await stream.receive())
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
 
 
 def bind_unix_listener_socket(path: Path) -> socket.socket:

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support import DaemonProcess, raw_exchange, wait_until
 
+from capsule_client import Client, RemoteError
 from capsuled.service import lock_path_for
 
 PING = b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n'
@@ -230,34 +231,20 @@ def test_sd_notify_ready_status_watchdog_stopping(
 # Peers
 
 
-def connect_as(uid: int, sock: Path, request: bytes) -> bytes:
-    """Connect from a child process running as ``uid``; return all it received."""
+def run_as(uid: int, work: Callable[[], bytes]) -> bytes:
+    """Run ``work`` in a child process whose uid and gid are ``uid``; return its bytes."""
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child
         code = 1
         try:
             os.close(read_end)
-            os.dup2(write_end, 2)
             os.setgid(uid)
             os.setuid(uid)
-            with socket.socket(socket.AF_UNIX) as conn:
-                conn.settimeout(5)
-                conn.connect(str(sock))
-                try:
-                    conn.sendall(request)
-                except BrokenPipeError:
-                    pass  # refused before the request was sent
-                received = b""
-                try:
-                    while chunk := conn.recv(65536):
-                        received += chunk
-                except ConnectionResetError:
-                    pass  # closed with our request unread: the line came first
-            os.write(write_end, received)
+            os.write(write_end, work())
             code = 0
         except BaseException:
-            traceback.print_exc()  # into the pipe, for the assertion message
+            os.write(write_end, traceback.format_exc().encode())  # for the assertion message
         finally:
             os._exit(code)
     os.close(write_end)
@@ -268,6 +255,28 @@ def connect_as(uid: int, sock: Path, request: bytes) -> bytes:
     return received
 
 
+def exchange_raw(sock: Path, request: bytes) -> bytes:
+    """Send ``request`` and read until the daemon hangs up (no EPIPE, no reset allowed)."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(5)
+        conn.connect(str(sock))
+        conn.sendall(request)
+        received = b""
+        while chunk := conn.recv(65536):
+            received += chunk
+    return received
+
+
+def ping_with_client(sock: Path) -> bytes:
+    """What ``capsule_client.Client.ping`` raises, as ``ClassName code``."""
+    try:
+        with Client(sock, timeout_s=5) as client:
+            client.ping()
+    except RemoteError as exc:
+        return f"{type(exc).__name__} {exc.code}".encode()
+    return b"no error"
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="connecting as another uid needs root")
 def test_a_peer_of_another_uid_gets_one_error_line_and_is_disconnected(
     daemon: DaemonProcess,
@@ -275,7 +284,7 @@ def test_a_peer_of_another_uid_gets_one_error_line_and_is_disconnected(
     # Loosen the file modes on purpose: the peer check must hold on its own.
     os.chmod(daemon.socket_path.parent, 0o755)
     os.chmod(daemon.socket_path, 0o666)
-    received = connect_as(NOBODY, daemon.socket_path, PING + PING)
+    received = run_as(NOBODY, lambda: exchange_raw(daemon.socket_path, PING + PING))
     lines = received.splitlines()
     assert len(lines) == 1, received
     reply = json.loads(lines[0])
@@ -283,6 +292,9 @@ def test_a_peer_of_another_uid_gets_one_error_line_and_is_disconnected(
     assert reply["error"]["code"] == -32006
     assert f"peer uid {NOBODY}" in reply["error"]["message"]
     assert "result" not in reply
+    assert (
+        run_as(NOBODY, lambda: ping_with_client(daemon.socket_path)) == b"PermissionDenied -32006"
+    )
     assert answers_ping(daemon.socket_path)  # the daemon's own user is still served
     refused = [e for e in json_logs(daemon) if e.get("event") == "peer of another user refused"]
     assert refused and refused[0]["peer_uid"] == NOBODY
