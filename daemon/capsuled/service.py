@@ -287,7 +287,7 @@ def acquire_socket_lock(socket_path: Path, *, pid: int | None = None) -> SocketL
         ServiceError: the lock file cannot be opened or is not ours.
     """
     path = lock_path_for(socket_path)
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # non-inheritable by default (PEP 446)
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
@@ -362,7 +362,7 @@ def bind_unix_socket(path: Path, *, backlog: int = 128) -> BoundSocket:
             "the limit of Unix socket addresses; pass a shorter --socket"
         )
     _clear_stale_socket(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(os.fspath(path))
         os.chmod(path, 0o600)
@@ -384,7 +384,7 @@ def _clear_stale_socket(path: Path) -> None:
             f"{path} exists and is {_file_kind(st.st_mode)}, not a socket; refusing to replace "
             "it. Move it away or pass another --socket"
         )
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
         probe.connect(os.fspath(path))
@@ -643,7 +643,7 @@ class Notifier:
         message = "\n".join(assignments).encode()
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 self._sock.setblocking(False)  # never stall the event loop
             self._sock.sendto(message, self.address)
         except OSError as exc:
