@@ -20,7 +20,8 @@ maintained wrappers either need libsystemd or swallow every error (SPEC §8,
 LIBRARY-FACTS.md "systemd").
 
 Errors that must stop the daemon from starting are :class:`ServiceError`; the
-entry point prints their message and exits 1. Tree::
+supervisor turns them into its ``StartupError``, which the entry point logs
+before exiting 1. Tree::
 
     ServiceError
     ├── AlreadyRunning      another daemon holds the socket's lock
