@@ -28,16 +28,31 @@ NOBODY = 65534
 IS_ROOT = os.geteuid() == 0
 
 
-class WrappedDaemon(DaemonProcess):
-    """The real daemon started through a wrapper command (a launcher, a sandbox)."""
+#: The console script a service manager runs (``ExecStart=capsuled``).
+CONSOLE_SCRIPT = Path(sys.executable).parent / "capsuled"
 
-    def __init__(self, prefix: list[str], *args: object, **kwargs: object) -> None:
+
+class WrappedDaemon(DaemonProcess):
+    """The real daemon started through a wrapper command (a launcher, a sandbox).
+
+    With ``script=True`` it runs the installed ``capsuled`` console script
+    instead of ``python -m capsuled``.
+    """
+
+    def __init__(
+        self, prefix: list[str], *args: object, script: bool = False, **kwargs: object
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.prefix = prefix
+        self.script = script
 
     @property
     def command(self) -> list[str]:
-        return [*self.prefix, *super().command]
+        command = super().command
+        if self.script:
+            assert command[:3] == [sys.executable, "-m", "capsuled"]
+            command = [str(CONSOLE_SCRIPT), *command[3:]]
+        return [*self.prefix, *command]
 
 
 def answers_ping(socket_path: Path) -> bool:
@@ -138,20 +153,27 @@ def test_daemons_started_at_the_same_instant_leave_exactly_one_serving(
 @pytest.mark.skipif(
     shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing"
 )
+@pytest.mark.parametrize("configured", ["same", "elsewhere"])
 def test_socket_activation_serves_the_passed_socket_and_leaves_it(
-    home: Path, short_dir: Path
+    home: Path, short_dir: Path, configured: str
 ) -> None:
+    """``systemd-socket-activate -l PATH capsuled …``: the passed socket wins over ``--socket``."""
+    if not CONSOLE_SCRIPT.exists():
+        pytest.skip("the capsuled console script is not installed beside this Python")
     sock = short_dir / "act.sock"
-    daemon = WrappedDaemon(["systemd-socket-activate", "-l", str(sock)], home, sock).start(
-        wait=False
-    )
+    configured_path = sock if configured == "same" else short_dir / "other.sock"
+    activate = ["systemd-socket-activate", "-l", str(sock)]
+    daemon = WrappedDaemon(activate, home, configured_path, script=True).start(wait=False)
+    daemon.socket_path = sock  # where clients connect
     try:
         wait_until(sock.exists, message="systemd-socket-activate to listen")
         inode = os.lstat(sock).st_ino
         daemon.wait_ready()  # the first connection starts the daemon
         status = status_of(sock)
         assert status["socket"] == str(sock)
-        assert lock_path_for(sock).read_text() == f"{status['pid']}\n"
+        assert status["pid"] == daemon.pid  # systemd-socket-activate execs the daemon
+        assert lock_path_for(sock).read_text() == f"{daemon.pid}\n"
+        assert not (short_dir / "other.sock").exists()
         logs = json_logs(daemon)
         assert any(e.get("socket_activated") is True for e in logs), logs
         assert daemon.stop(signal.SIGTERM) == 0
