@@ -23,9 +23,11 @@ from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals,
 
 from . import service
 from .api import Api
+from .changes import ChangeFeed
 from .config import Config
 from .jsonrpc import Dispatcher
 from .server import Server, UnixListener
+from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
 
@@ -48,7 +50,14 @@ class Daemon:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.totals = StatusTotals()
-        self.watcher_mode: WatcherMode = "off"
+        self.feed = ChangeFeed()
+        self.watcher = HomeWatcher(
+            config.home,
+            self.feed,
+            mode=config.watch,
+            off_rescan_interval_s=config.sample_interval_s,
+            rescan_interval_s=config.rescan_interval_s,
+        )
         self.discovery: DiscoveryState | None = None
         self.last_observed_at: float | None = None
         self.last_cost: DiscoveryCost | None = None
@@ -64,6 +73,11 @@ class Daemon:
         self._ready_sent = False
         self._status_sent: str | None = None
         self._shutdown = anyio.Event()
+
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """What the watcher does now (``status.watcher``): it may have fallen back to polling."""
+        return self.watcher.mode
 
     def _count_request(self, method: str, outcome: int | None) -> None:
         self.totals.requests += 1
@@ -112,6 +126,7 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
                 tg.start_soon(service.send_watchdog, self.notifier)
+                await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, UnixListener(listening.sock))
                 log.info(
                     "capsuled ready",
