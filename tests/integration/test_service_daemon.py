@@ -441,4 +441,5 @@ def test_the_daemon_serves_with_memory_deny_write_execute(home: Path, short_dir:
     sock = short_dir / "m.sock"
     with WrappedDaemon([sys.executable, "-c", MDWE_WRAPPER], home, sock) as daemon:
         assert answers_ping(sock)
+        assert status_of(sock)["watcher"] == "native"  # the Rust notifier runs, too
         assert daemon.stop() == 0
