@@ -9,7 +9,8 @@ the server call at a few points:
   (:func:`prepare_socket_directory`, :func:`acquire_socket_lock` before the
   socket is touched, :func:`bind_unix_socket`, which replaces only a stale
   socket);
-* while running: :class:`Notifier` (``READY=1``, ``STATUS=``, ``STOPPING=1``),
+* while running: :class:`Notifier` (``READY=1``, ``STATUS=`` from
+  :func:`status_text`, ``STOPPING=1``),
   :func:`send_watchdog` (``WATCHDOG=1``) and, per accepted connection,
   :func:`refuse_peer`;
 * on the way out: :meth:`Listening.close` (removes only a socket the daemon
@@ -50,7 +51,12 @@ import anyio
 import msgspec
 import structlog
 
-from capsule_client.protocol import JSONRPC_VERSION, ErrorObject, ErrorResponse
+from capsule_client.protocol import (
+    JSONRPC_VERSION,
+    ActiveSessionsSnapshot,
+    ErrorObject,
+    ErrorResponse,
+)
 from capsuled.errors import PermissionDenied
 
 __all__ = [
@@ -78,6 +84,7 @@ __all__ = [
     "remove_socket",
     "send_watchdog",
     "socket_path_of",
+    "status_text",
     "stderr_is_journal",
 ]
 
@@ -680,6 +687,29 @@ class Notifier:
 
 def _status_line(status: str) -> str:
     return "STATUS=" + " ".join(status.split())
+
+
+def status_text(snapshot: ActiveSessionsSnapshot | None, watcher_mode: str) -> str:
+    """The one ``STATUS=`` line ``systemctl status`` shows for the daemon.
+
+    Args:
+        snapshot: the latest observation's answer, None before the first.
+        watcher_mode: ``native``, ``polling`` or ``off``.
+
+    Returns:
+        e.g. ``"ready: 2 active sessions, 1 unowned process; watcher native"``,
+        or ``"unavailable: <the first gap>"``.
+    """
+    if snapshot is None:
+        return f"starting: first observation of the home; watcher {watcher_mode}"
+    if snapshot.discovery == "unavailable":
+        reason = snapshot.gaps[0] if snapshot.gaps else "no reason given"
+        return f"unavailable: {reason}"
+    sessions, unowned = len(snapshot.sessions), len(snapshot.unowned)
+    return (
+        f"{snapshot.discovery}: {sessions} active session{'' if sessions == 1 else 's'}, "
+        f"{unowned} unowned process{'' if unowned == 1 else 'es'}; watcher {watcher_mode}"
+    )
 
 
 async def send_watchdog(notifier: Notifier) -> None:

@@ -1,9 +1,12 @@
 """The supervisor: one anyio task group and the daemon's lifecycle (SPEC §8).
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
-error reaches the caller and "ready" means ready), then waits for a shutdown.
+error reaches the caller and "ready" means ready): session discovery (the
+reader and its sampler, :mod:`capsuled.discovery`), then the server; then it
+waits for a shutdown.
 Shutdown: stop accepting, close idle connections, let in-flight requests
-finish for up to ``drain_timeout_s``, cancel the rest, remove the socket.
+finish for up to ``drain_timeout_s``, cancel the rest (a running observation
+stops between two file reads), remove the socket.
 Signal handlers only set state: one task reads the signals.
 """
 
@@ -23,8 +26,8 @@ from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals,
 
 from . import service
 from .api import Api
-from .changes import ChangeFeed
 from .config import Config
+from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, UnixListener
 from .watcher import HomeWatcher
@@ -50,7 +53,13 @@ class Daemon:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.totals = StatusTotals()
-        self.feed = ChangeFeed()
+        self.sessions = Discovery(
+            config.home,
+            sample_interval_s=config.sample_interval_s,
+            totals=self.totals,
+            watcher_mode=lambda: self.watcher.mode,
+        )
+        self.feed = self.sessions.changes
         self.watcher = HomeWatcher(
             config.home,
             self.feed,
@@ -58,10 +67,7 @@ class Daemon:
             off_rescan_interval_s=config.sample_interval_s,
             rescan_interval_s=config.rescan_interval_s,
         )
-        self.discovery: DiscoveryState | None = None
-        self.last_observed_at: float | None = None
-        self.last_cost: DiscoveryCost | None = None
-        self.notes: list[str] = ["no reader runs yet: sessions are not observed"]
+        self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(
@@ -70,8 +76,6 @@ class Daemon:
             on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
         )
         self.notifier = service.Notifier.from_environ()
-        self._ready_sent = False
-        self._status_sent: str | None = None
         self._shutdown = anyio.Event()
 
     @property
@@ -88,25 +92,39 @@ class Daemon:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
 
-    def announce_ready(self) -> None:
-        """Tell systemd start-up is complete (``READY=1``), once; later calls do nothing.
+    async def _tell_service_manager(self) -> None:
+        """sd_notify (SPEC §8): ``READY=1`` once the first observation is done,
+        then ``STATUS=`` whenever the one-line state changes (checked at each
+        sample interval)."""
+        status: str | None = None
+        await self.sessions.first_observation.wait()
+        while True:
+            text = service.status_text(self.sessions.latest, self.watcher_mode)
+            if text != status:
+                if status is None:
+                    self.notifier.ready(text)
+                else:
+                    self.notifier.status(text)
+                status = text
+            await anyio.sleep(self.config.sample_interval_s)
 
-        SPEC §8: ready once the first observation is done. Until a reader runs,
-        the daemon is ready as soon as it serves.
-        """
-        if not self._ready_sent:
-            self._ready_sent = True
-            self.notifier.ready()
+    @property
+    def discovery(self) -> DiscoveryState | None:
+        """The last observation's state; None before the first."""
+        return self.sessions.state
 
-    def announce_status(self, text: str) -> None:
-        """Send ``STATUS=`` to systemd when the one-line state changed."""
-        if text != self._status_sent:
-            self._status_sent = text
-            self.notifier.status(text)
+    @property
+    def last_observed_at(self) -> float | None:
+        return self.sessions.last_observed_at
+
+    @property
+    def last_cost(self) -> DiscoveryCost | None:
+        return self.sessions.last_cost
 
     def request_rescan(self) -> None:
         """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
-        log.info("rescan requested, but no reader runs yet")
+        log.info("rescan requested")
+        self.sessions.request_rescan()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; then drain and clean up.
@@ -126,6 +144,10 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
                 tg.start_soon(service.send_watchdog, self.notifier)
+                # Discovery first: it is started at once (its first observation
+                # follows), so no request can find it not running. The watcher
+                # owes a rescan when its watch starts.
+                await tg.start(self.sessions.serve)
                 await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, UnixListener(listening.sock))
                 log.info(
@@ -135,8 +157,7 @@ class Daemon:
                     home=str(self.config.home),
                     socket_activated=listening.activated,
                 )
-                self.announce_status(f"serving {self.config.home} on {self.config.socket}")
-                self.announce_ready()
+                tg.start_soon(self._tell_service_manager)
                 task_status.started()
                 await self._shutdown.wait()
                 self.notifier.stopping("shutting down: finishing requests in flight")
