@@ -200,16 +200,24 @@ class NotifyReceiver:
         """How many datagrams so far carry ``line``."""
         return sum(line in m.split("\n") for m in self.messages)
 
-    def wait_for(self, line: str, times: int = 1, timeout_s: float = 10.0) -> list[str]:
-        """Read datagrams until ``times`` of them carry ``line``; return all so far."""
+    def count_prefix(self, prefix: str) -> int:
+        """How many datagrams so far start with ``prefix``."""
+        return sum(m.startswith(prefix) for m in self.messages)
+
+    def read_until(self, done: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+        """Read datagrams until ``done()``; fail after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while self.count(line) < times:
+        while not done():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"no {times} x {line!r} within {timeout_s} s: {self.messages}")
+                raise AssertionError(f"no {what} within {timeout_s} s: {self.messages}")
             readable, _, _ = select.select([self.sock], [], [], remaining)
             if readable:
                 self.messages.append(self.sock.recv(4096).decode())
+
+    def wait_for(self, line: str, times: int = 1, timeout_s: float = 10.0) -> list[str]:
+        """Read datagrams until ``times`` of them carry ``line``; return all so far."""
+        self.read_until(lambda: self.count(line) >= times, f"{times} x {line!r}", timeout_s)
         return self.messages
 
 
@@ -233,20 +241,43 @@ def test_sd_notify_ready_status_watchdog_stopping(
 ) -> None:
     sock = short_dir / "n.sock"
     env = {"NOTIFY_SOCKET": notify_receiver.value, "WATCHDOG_USEC": "200000"}
-    daemon = DaemonProcess(home, sock, env=env).start(wait=False)
+    daemon = DaemonProcess(home, sock, args=["--sample-interval", "0.2"], env=env)
+    daemon.start(wait=False)
     try:
         messages = notify_receiver.wait_for("READY=1")
-        assert answers_ping(sock)  # READY=1 means it serves already
-        assert any(m.startswith("STATUS=") or "\nSTATUS=" in m for m in messages), messages
+        # Before it, at most keep-alives (the watchdog runs from the start).
+        *before, ready = messages
+        assert set(before) <= {"WATCHDOG=1"}, messages
+        # READY=1 comes after the first observation, with the state line.
+        assert ready.split("\n") == [
+            "READY=1",
+            "STATUS=ready: 0 active sessions, 0 unowned processes; watcher native",
+        ]
+        status = status_of(sock)  # and the daemon serves already
+        assert status["last_observed_at"] is not None
+        # A state change is announced: the ownership store becomes unreadable...
+        (home / "capsule.db").write_bytes(b"not a database" * 100)
+        unavailable = "STATUS=unavailable: ownership store"
+        notify_receiver.read_until(
+            lambda: notify_receiver.count_prefix(unavailable) == 1, unavailable
+        )
+        # ... and readable again (a missing store means nobody owns anything).
+        (home / "capsule.db").unlink()
+        notify_receiver.read_until(
+            lambda: notify_receiver.count_prefix("STATUS=ready") == 1, "STATUS=ready"
+        )
         # WATCHDOG_USEC=200000: a keep-alive every 0.1 s; three more within 5 s.
         notify_receiver.wait_for("WATCHDOG=1", notify_receiver.count("WATCHDOG=1") + 3, 5)
         assert daemon.stop(signal.SIGTERM) == 0
         messages = notify_receiver.wait_for("STOPPING=1", timeout_s=1)
     finally:
         daemon.__exit__(None, None, None)
-    ready_at = next(i for i, m in enumerate(messages) if "READY=1" in m.split("\n"))
-    stopping_at = next(i for i, m in enumerate(messages) if "STOPPING=1" in m.split("\n"))
-    assert ready_at < stopping_at
+    statuses = [m for m in messages if m.startswith("STATUS=")]
+    # (a transient "scanning" line may come between: the store changed mid-observation)
+    assert statuses[0].startswith(unavailable)
+    assert statuses[-1] == ready.split("\n")[1]
+    assert messages[-1].startswith("STOPPING=1\nSTATUS=shutting down")
+    assert sum("READY=1" in m.split("\n") for m in messages) == 1
 
 
 # --------------------------------------------------------------------------
