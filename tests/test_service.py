@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from support import wait_until
 
+from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled import service
 from capsuled.service import (
     ActivationError,
@@ -613,3 +614,40 @@ def test_journal_stream_is_recognised_only_for_that_very_file(tmp_path: Path) ->
         assert not service.stderr_is_journal(env, other.fileno())
         assert not service.stderr_is_journal({"JOURNAL_STREAM": "garbage"}, stream.fileno())
         assert not service.stderr_is_journal({}, stream.fileno())
+
+
+# --------------------------------------------------------------------------
+# The STATUS= line
+
+
+def snapshot_with(
+    discovery: str, sessions: int = 0, unowned: int = 0, gaps: list[str] | None = None
+) -> ActiveSessionsSnapshot:
+    process = SessionProcess(kind="process", pid=4242, started_at=1_700_000_000)
+    return ActiveSessionsSnapshot(
+        home="/h",
+        observed_at=1.0,
+        generation=1,
+        task=None,
+        discovery=discovery,  # type: ignore[arg-type]
+        sessions=[Session(f"ses_{i}", None, [process]) for i in range(sessions)],
+        unowned=[process] * unowned,
+        servers=[],
+        gaps=gaps or [],
+        cost=DiscoveryCost(),
+    )
+
+
+def test_status_text_follows_the_discovery_state() -> None:
+    assert service.status_text(None, "native") == (
+        "starting: first observation of the home; watcher native"
+    )
+    assert service.status_text(snapshot_with("ready", 1, 1), "polling") == (
+        "ready: 1 active session, 1 unowned process; watcher polling"
+    )
+    assert service.status_text(snapshot_with("ready", 2, 0), "off") == (
+        "ready: 2 active sessions, 0 unowned processes; watcher off"
+    )
+    unavailable = snapshot_with("unavailable", gaps=["store unreadable", "more"])
+    assert service.status_text(unavailable, "native") == "unavailable: store unreadable"
+    assert "\n" not in service.status_text(snapshot_with("scanning"), "native")
