@@ -394,15 +394,34 @@ def test_a_home_of_another_user_is_refused(short_dir: Path) -> None:
 # Signals and logs
 
 
-def test_sighup_schedules_a_rescan_and_the_daemon_serves_on(daemon: DaemonProcess) -> None:
-    assert daemon.process is not None
-    daemon.process.send_signal(signal.SIGHUP)
+def totals_of(socket_path: Path) -> dict[str, int]:
+    totals = status_of(socket_path)["totals"]
+    assert isinstance(totals, dict)
+    return totals
+
+
+def rescans_settled(socket_path: Path) -> int | None:
+    """The rescan count, once it held still over three observations; else None."""
+    first = totals_of(socket_path)
     wait_until(
-        lambda: any(e.get("event") == "SIGHUP: scheduling a rescan" for e in json_logs(daemon)),
-        message="the SIGHUP to be logged",
+        lambda: totals_of(socket_path)["observations"] >= first["observations"] + 3,
+        message="three observations",
     )
-    assert answers_ping(daemon.socket_path)
-    assert daemon.stop(signal.SIGTERM) == 0
+    last = totals_of(socket_path)
+    return last["rescans"] if last["rescans"] == first["rescans"] else None
+
+
+def test_sighup_schedules_a_rescan_and_the_daemon_serves_on(home: Path, short_dir: Path) -> None:
+    sock = short_dir / "hup.sock"
+    with DaemonProcess(home, sock, args=["--sample-interval", "0.1"]) as daemon:
+        assert daemon.process is not None
+        before = wait_until(lambda: rescans_settled(sock), message="start-up rescans to end")
+        daemon.process.send_signal(signal.SIGHUP)
+        # The next observation walks from scratch.
+        wait_until(lambda: totals_of(sock)["rescans"] > before, message="a rescan after SIGHUP")
+        assert any(e.get("event") == "SIGHUP: scheduling a rescan" for e in json_logs(daemon))
+        assert answers_ping(sock)
+        assert daemon.stop(signal.SIGTERM) == 0
 
 
 def test_console_logs_on_a_terminal_even_with_an_inherited_journal_stream(
