@@ -66,5 +66,5 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=factory,
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,
     )
