@@ -10,6 +10,8 @@ JSON document; without it, output is for people and may change.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +23,7 @@ import msgspec
 from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
-from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
+from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError, SubscriptionDropped
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -243,14 +245,28 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
 
 
 def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    watcher = ChangePrinter(json_lines=args.json)
+    printer = ChangePrinter(json_lines=args.json)
     try:
-        for change in client.subscribe():
-            out.write(watcher.render(change))
-            out.flush()
+        while True:
+            try:
+                for change in client.subscribe():
+                    out.write(printer.render(change))
+                    out.flush()
+            except SubscriptionDropped as exc:
+                # The next subscription starts with the whole answer again.
+                print(f"capsulectl: {exc}; subscribing again", file=sys.stderr)
     except KeyboardInterrupt:
         return EXIT_OK
-    return EXIT_OK  # pragma: no cover - the iterator ends only by raising
+    except BrokenPipeError:  # `capsulectl watch | head`
+        _quiet_stdout(out)
+        return EXIT_OK
+
+
+def _quiet_stdout(out: TextIO) -> None:
+    """After EPIPE on stdout, point it at /dev/null so the exit flush stays quiet."""
+    if out is sys.stdout:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class ChangePrinter:
@@ -322,6 +338,9 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
             )
     except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        _quiet_stdout(out)
         return EXIT_OK
 
 
