@@ -2,8 +2,9 @@
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
 error reaches the caller and "ready" means ready): session discovery (the
-reader and its sampler, :mod:`capsuled.discovery`), then the server; then it
-waits for a shutdown.
+reader, its sampler and the exit watch, :mod:`capsuled.discovery`), the
+subscriptions it feeds (:mod:`capsuled.subscriptions`), the watcher, then
+the server; then it waits for a shutdown.
 Shutdown: stop accepting, close idle connections, let in-flight requests
 finish for up to ``drain_timeout_s``, cancel the rest (a running observation
 stops between two file reads), remove the socket.
