@@ -313,6 +313,13 @@ class Generations:
     ``gaps``; ``observed_at``, ``task`` and ``cost`` do not count. Kept apart
     from the reader so that a fresh reader (after the home was replaced)
     continues the count.
+
+    A ``scanning`` answer is not counted: it says "read again" (ownership
+    moved during the observation, or a rescan arrived meanwhile), the daemon
+    retries it at once, and it carries the generation of the last settled
+    answer. Counting it would move the generation twice across a write that
+    changed nothing (``scanning``, then the same ``ready`` answer again), and
+    long polls and subscriptions would wake for nothing.
     """
 
     def __init__(self) -> None:
@@ -336,7 +343,7 @@ class Generations:
             snapshot.gaps,
         )
         with self._lock:
-            if answer != self._previous:
+            if snapshot.discovery != "scanning" and answer != self._previous:
                 self._generation += 1
                 self._previous = answer
             return msgspec.structs.replace(snapshot, generation=self._generation)
