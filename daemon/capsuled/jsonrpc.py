@@ -65,6 +65,7 @@ _str: Final = msgspec.json.Decoder(str)
 _EMPTY: Final = b"{}"
 _WHERE = re.compile(r" - at `\$\.?([^`]*)`$")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
 # msgspec raises RecursionError, not DecodeError, on JSON nested past its depth limit.
 _TOO_DEEP = "parse error: JSON nested too deeply"
 
@@ -243,11 +244,11 @@ class Dispatcher:
             reason = str(exc)
             match = _WHERE.search(reason)
             reason = _WHERE.sub("", reason)
-            unknown = _UNKNOWN.search(reason)
+            named = _UNKNOWN.search(reason) or _MISSING.search(reason)
             if match and match.group(1):
                 param = match.group(1)
-            elif unknown:
-                param = unknown.group(1)[:100]
+            elif named:
+                param = named.group(1)[:100]
             else:
                 param = "params"
             raise _Invalid(

@@ -63,3 +63,18 @@ def test_json_nested_too_deeply_is_a_parse_error_and_the_connection_lives(
     assert first["error"]["code"] == -32700, first
     assert "deep" in first["error"]["message"]
     assert second["id"] == 1 and second["result"]["pong"] is True
+
+
+def test_a_missing_param_is_named_in_data(sock: Path) -> None:
+    request = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "session.reconcile",
+        "params": {"from_session": "ses_a", "context_id": "c"},
+    }
+    [reply] = replies(sock, json.dumps(request).encode() + b"\n")
+    assert reply["id"] == 7
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"]["param"] == "this_session"
+    assert "missing" in reply["error"]["data"]["reason"]
+    assert "this_session" in reply["error"]["message"]
