@@ -263,6 +263,17 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 }
 
 
+def _timeout_s(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds (else a usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``capsulectl`` command line."""
     common = argparse.ArgumentParser(add_help=False)
@@ -282,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--timeout",
         metavar="S",
-        type=float,
+        type=_timeout_s,
         default=argparse.SUPPRESS,
         help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT_S:g})",
     )
