@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ from typing import Final, TypeVar
 from capsule_client.store import USER_VERSION
 
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable"]
+
+#: The files SQLite opens by path for a store: the database, its WAL, its
+#: shared-memory index, its rollback journal.
+_STORE_SUFFIXES: Final = ("", "-wal", "-shm", "-journal")
 
 #: Keys per ``IN (...)`` list; below SQLite's historical 999-variable limit.
 CHUNK_SIZE: Final = 500
@@ -153,6 +158,7 @@ class OwnershipReader:
         if self._db is not None and self._identity == identity:
             return self._db
         self.close()
+        self._check_regular_files()
         try:
             db = sqlite3.connect(
                 self._uri,
@@ -165,6 +171,23 @@ class OwnershipReader:
             raise StoreUnavailable(f"ownership store {self.path} cannot be opened: {exc}") from exc
         self._db, self._identity = db, identity
         return db
+
+    def _check_regular_files(self) -> None:
+        """Refuse a store whose files are not regular files (a FIFO would block ``open``)."""
+        for suffix in _STORE_SUFFIXES:
+            name = f"{self.path}{suffix}"
+            try:
+                mode = os.stat(name).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreUnavailable(
+                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}"
+                ) from exc
+            if not stat.S_ISREG(mode):
+                raise StoreUnavailable(
+                    f"ownership store {self.path} cannot be opened: {name} is not a regular file"
+                )
 
     def _refresh(
         self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]
