@@ -128,6 +128,8 @@ class Discovery:
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
+        self._wakes = 0  # wake() calls so far
+        self._served = 0  # wake() calls before the latest observation began
         self._loop_thread: int | None = None
         self._listeners: list[Callable[[ActiveSessionsSnapshot], None]] = []
         self._announced: ActiveSessionsSnapshot | None = None
@@ -195,12 +197,16 @@ class Discovery:
         loop; from any other thread it does nothing (the next sample notices).
         """
         if self._loop_thread is None or threading.get_ident() == self._loop_thread:
-            self._wake.set()
+            self._woken()
             return
         try:
-            anyio.from_thread.run_sync(self._wake.set)
+            anyio.from_thread.run_sync(self._woken)
         except RuntimeError:  # not an anyio worker thread, or the loop is gone
             pass
+
+    def _woken(self) -> None:
+        self._wakes += 1
+        self._wake.set()
 
     def _changed(self) -> None:
         # Without a watcher, each observation owes itself a rescan through the
@@ -239,9 +245,6 @@ class Discovery:
 
     async def _sample_forever(self) -> None:
         while True:
-            # A wake that arrives while this observation runs makes the next
-            # one start as soon as it is done.
-            wake = self._wake = anyio.Event()
             try:
                 await self._settle(time.monotonic() + self.sample_interval_s)
             except InternalError:
@@ -249,8 +252,12 @@ class Discovery:
             except ShuttingDown:
                 await anyio.sleep_forever()  # stopped: wait to be cancelled
             self.first_observation.set()
-            with anyio.move_on_after(self.sample_interval_s):
-                await wake.wait()
+            # A wake after the latest observation began (it drains the feed and
+            # samples after it starts) owes another one now; else wait for one.
+            if self._wakes == self._served:
+                wake = self._wake = anyio.Event()
+                with anyio.move_on_after(self.sample_interval_s):
+                    await wake.wait()
 
     async def observe(self) -> ActiveSessionsSnapshot:
         """One observation, shared with every caller that asks while it runs.
@@ -277,6 +284,7 @@ class Discovery:
             if self.watcher_mode == "off":
                 self.changes.request_rescan()
             reader = self._reader
+            self._served = self._wakes
             observation = await anyio.to_thread.run_sync(reader.observe)
             self._count(observation)
             if observation.home_replaced and reader is self._reader:
