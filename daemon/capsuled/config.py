@@ -41,6 +41,8 @@ class Config:
         log_level: lowest level logged, lower case.
         max_connections: connections served at once; more get -32002.
         drain_timeout_s: how long a shutdown waits for in-flight requests.
+        write_timeout_s: how long a reply may wait for its peer to read it
+            before the connection is dropped (docs/protocol.md, "Slow readers").
     """
 
     home: Path
@@ -51,6 +53,7 @@ class Config:
     log_level: str = "info"
     max_connections: int = 1024
     drain_timeout_s: float = 5.0
+    write_timeout_s: float = 10.0
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -62,6 +65,7 @@ _ENV = {
     "log_format": "CAPSULED_LOG_FORMAT",
     "log_level": "CAPSULED_LOG_LEVEL",
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
+    "write_timeout": "CAPSULED_WRITE_TIMEOUT",
 }
 
 
@@ -147,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         "connections served at once; more are answered -32002 and closed (default: 1024)",
         metavar="N",
     )
+    add(
+        "--write-timeout",
+        "write_timeout",
+        "seconds a reply may wait for the client to read it before the connection is "
+        "dropped (default: 10)",
+        metavar="S",
+    )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
 
@@ -189,6 +200,8 @@ def parse_args(
         overrides["sample_interval_s"] = _positive_float("sample interval", text)
     if (text := pick("rescan_interval")) is not None:
         overrides["rescan_interval_s"] = _positive_float("rescan interval", text)
+    if (text := pick("write_timeout")) is not None:
+        overrides["write_timeout_s"] = _positive_float("write timeout", text)
     if (text := pick("max_connections")) is not None:
         overrides["max_connections"] = _positive_int("max connections", text)
     if len(os.fsencode(socket)) > 107:

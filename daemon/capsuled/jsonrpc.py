@@ -5,7 +5,10 @@ to send back (without the newline), or ``None`` when nothing is owed: a
 notification, a batch of notifications, a blank line. The rules, with the
 codes of https://www.jsonrpc.org/specification:
 
-* not JSON (including invalid UTF-8): -32700 with ``id: null``;
+* not JSON (including invalid UTF-8, an unpaired surrogate escape such as
+  ``"\\ud800"``, or nesting deeper than the decoder allows, about 900
+  levels): -32700 with ``id: null``. Only JSON's own whitespace (space, tab,
+  CR, LF) may surround a message;
 * JSON that is not a request object, ``jsonrpc`` other than ``"2.0"``, a
   missing or non-string ``method``, an ``id`` that is not a string, number or
   null, ``params`` that are not an object or array: -32600 (with the request's
@@ -59,11 +62,19 @@ Handler = Callable[[Any], Awaitable[Any]]
 _encoder: Final = msgspec.json.Encoder()
 _envelope: Final = msgspec.json.Decoder(Envelope)
 _batch: Final = msgspec.json.Decoder(list[Raw])
-_id: Final = msgspec.json.Decoder(str | int | float | None)
 _str: Final = msgspec.json.Decoder(str)
 _EMPTY: Final = b"{}"
-_WHERE = re.compile(r" - at `\$\.?([^`]*)`$")
-_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+#: RFC 8259 §2: the only whitespace allowed around a JSON text.
+_JSON_WHITESPACE: Final = b" \t\r\n"
+#: First byte of a JSON number (RFC 8259 §6).
+_NUMBER_START: Final = frozenset(b"-0123456789")
+#: msgspec decodes nested arrays and objects recursively; past Python's
+#: recursion limit it raises RecursionError, which is the input's fault.
+_TOO_DEEP: Final = "parse error: JSON nested too deeply"
+_WHERE = re.compile(r" - at `\$\.([A-Za-z0-9_]+)`$")
+_MISSING = re.compile(r"missing required field `([A-Za-z0-9_]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `")
+_keys: Final = msgspec.json.Decoder(dict[str, Raw])
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +116,16 @@ class Dispatcher:
     ) -> None:
         self._methods = dict(methods)
         self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
+        self._fields = {
+            name: frozenset(f.encode_name for f in msgspec.structs.fields(m.params))
+            for name, m in methods.items()
+        }
         self._on_request = on_request
         self.shutting_down = False
 
     async def handle_line(self, line: bytes) -> bytes | None:
         """Answer one received line (without its ``\\n``); ``None``: send nothing."""
-        text = line.strip()
+        text = line.strip(_JSON_WHITESPACE)
         if not text:
             return None  # a blank line: nothing was asked (convenient with socat)
         try:
@@ -126,6 +141,8 @@ class Dispatcher:
             return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        except RecursionError:
+            return encode_error(PARSE_ERROR, _TOO_DEEP)
         reply = await self._handle_one(envelope)
         return None if reply is None else _encoder.encode(reply)
 
@@ -134,13 +151,15 @@ class Dispatcher:
             items = _batch.decode(text)
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        except RecursionError:
+            return encode_error(PARSE_ERROR, _TOO_DEEP)
         if not items:
             return encode_error(INVALID_REQUEST, "invalid request: empty batch")
         replies: list[SuccessResponse | ErrorResponse] = []
         for item in items:
             try:
                 envelope = _envelope.decode(item)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 replies.append(_error(None, INVALID_REQUEST, "invalid request: not an object"))
                 continue
             reply = await self._handle_one(envelope)
@@ -232,22 +251,47 @@ class Dispatcher:
             text = _EMPTY
         try:
             return self._decoders[name].decode(text)
+        except RecursionError:
+            raise _Invalid(
+                INVALID_PARAMS,
+                "invalid params: nested too deeply",
+                {"param": "params", "reason": "nested too deeply"},
+            ) from None
         except msgspec.ValidationError as exc:
-            reason = str(exc)
-            match = _WHERE.search(reason)
-            reason = _WHERE.sub("", reason)
-            unknown = _UNKNOWN.search(reason)
-            if match and match.group(1):
-                param = match.group(1)
-            elif unknown:
-                param = unknown.group(1)[:100]
-            else:
-                param = "params"
+            param, reason = self._fault(name, text, str(exc))
             raise _Invalid(
                 INVALID_PARAMS,
                 f"invalid params: {param}: {reason}",
                 {"param": param, "reason": reason},
             ) from None
+
+    def _fault(self, name: str, text: bytes, message: str) -> tuple[str, str]:
+        """(param, reason) of a params validation error.
+
+        Field names come from the params Struct, never from parsing a name the
+        client sent back out of msgspec's message: a client's key may hold
+        backticks or be a megabyte long. An unknown key is found by reading
+        the keys in document order, as msgspec does, and cut to 100 characters.
+        """
+        fields = self._fields[name]
+        if _UNKNOWN.match(message):
+            try:
+                keys = _keys.decode(text)
+            except (msgspec.DecodeError, RecursionError):
+                keys = {}
+            for key in keys:
+                if key not in fields:
+                    key = key[:100]
+                    return key, f"Object contains unknown field `{key}`"
+            return "params", "Object contains an unknown field"
+        where = _WHERE.search(message)
+        reason = _WHERE.sub("", message)
+        if where and where.group(1) in fields:
+            return where.group(1), reason
+        missing = _MISSING.search(reason)
+        if missing and missing.group(1) in fields:
+            return missing.group(1), reason
+        return "params", reason[:200]
 
 
 def _decode_str(raw: Raw) -> str | None:
@@ -258,12 +302,14 @@ def _decode_str(raw: Raw) -> str | None:
 
 
 def _valid_id(raw: Raw) -> bool:
-    """A JSON-RPC id is a string, a number or null."""
-    try:
-        _id.decode(raw)
-    except msgspec.DecodeError:
-        return False
-    return True
+    """A JSON-RPC id is a string, a number or null.
+
+    Decided by the JSON type alone, from the first byte of the already
+    validated text: a number too large for a float (``1e400``) is still a
+    number, and is echoed back exactly as it was sent.
+    """
+    first = bytes(raw).lstrip(_JSON_WHITESPACE)[:1]
+    return first == b'"' or first == b"n" or (first != b"" and first[0] in _NUMBER_START)
 
 
 def _error(id: Raw | None, code: int, message: str) -> ErrorResponse:

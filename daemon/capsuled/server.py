@@ -29,7 +29,12 @@ import structlog
 from anyio.abc import ByteStream, TaskStatus, UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES, ErrorCode
+from capsule_client.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    MAX_MESSAGE_BYTES,
+    ErrorCode,
+)
 
 from .jsonrpc import Dispatcher, encode_error
 
@@ -248,13 +253,32 @@ class Server:
                 return
             connection.busy = True
             try:
-                reply = await self.dispatcher.handle_line(line)
+                reply = await self._answer(connection, line)
                 if reply is not None and not await connection.send_line(reply):
                     return
             finally:
                 connection.busy = False
             if final:
                 return
+
+    async def _answer(self, connection: Connection, line: bytes) -> bytes | None:
+        """The dispatcher's reply to ``line``; -32603 if the dispatcher itself fails.
+
+        The dispatcher answers every input it understands, but a failure it
+        did not foresee (in decoding, logging or encoding) must cost the peer
+        one error reply, not its connection (SPEC §7: -32603, "the connection
+        and the daemon live on").
+        """
+        try:
+            return await self.dispatcher.handle_line(line)
+        except Exception as exc:
+            log.error(
+                "request could not be answered",
+                connection=connection.number,
+                line_bytes=len(line),
+                exc_info=True,
+            )
+            return encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
 
 
 def bind_unix_listener_socket(path: Path) -> socket.socket:

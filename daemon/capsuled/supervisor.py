@@ -54,7 +54,11 @@ class Daemon:
         self.notes: list[str] = ["no reader runs yet: sessions are not observed"]
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
-        self.server = Server(self.dispatcher, max_connections=config.max_connections)
+        self.server = Server(
+            self.dispatcher,
+            max_connections=config.max_connections,
+            write_timeout_s=config.write_timeout_s,
+        )
         self._shutdown = anyio.Event()
 
     def _count_request(self, method: str, outcome: int | None) -> None:
