@@ -7,6 +7,9 @@ the kind, not only the case the fuzzer first produced.
 from __future__ import annotations
 
 import json
+import os
+import resource
+import socket
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,7 +21,7 @@ from msgspec import Meta, Struct
 
 from capsule_client.protocol import NoParams
 from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.server import Server, bind_unix_listener
+from capsuled.server import Server, bind_unix_listener, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
 
@@ -168,3 +171,62 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(short_dir
 def test_named_is_what_msgspec_would_refuse() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"name":""}', type=Named)
+
+
+async def test_out_of_descriptors_the_waiting_client_is_answered_overloaded(
+    short_dir: Path,
+) -> None:
+    """Kind: accept failing with EMFILE left clients in the backlog with no answer.
+
+    The server and the client share this process, so the test can use up
+    every descriptor itself and leave room for the client's socket only.
+    """
+    server = Server(Dispatcher({"ping": Method(NoParams, _ping)}))
+    path = short_dir / "e.sock"
+    listener = await bind_unix_listener(path)
+    hogs: list[int] = []
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            try:
+                while True:
+                    hogs.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                pass
+            try:
+                os.close(hogs.pop())  # room for the client's own socket
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                    client.setblocking(False)
+                    client.connect(str(path))
+                    with anyio.fail_after(5):
+                        await anyio.wait_readable(client)
+                    first = client.recv(65536)
+                    await anyio.wait_readable(client)
+                    rest = client.recv(65536)
+            finally:
+                for fd in hogs:
+                    os.close(fd)
+            # With descriptors back, connections are served again.
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+                pong = json.loads(await stream.receive())
+            server.stop_accepting()
+    reply = json.loads(first)
+    assert reply["error"]["code"] == -32002 and reply["id"] is None
+    assert "file descriptors" in reply["error"]["message"]
+    assert rest == b""
+    assert pong["result"] == {"pong": True}
+    assert any(e["event"] == "connection refused: out of file descriptors" for e in logs)
+
+
+def test_the_cap_is_fitted_to_the_open_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        fitted = fit_to_descriptors(1_000_000)
+        now_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert now_soft == hard  # raised to the hard limit
+        assert fitted == hard - 64 if hard != resource.RLIM_INFINITY else fitted == 1_000_000
+        assert fit_to_descriptors(10) == 10
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

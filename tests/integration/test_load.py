@@ -1,0 +1,360 @@
+"""Load on the real daemon: many clients, idle and stuck connections, the cap (SPEC §7, §8).
+
+Sizes: CI runs a few thousand requests; ``CAPSULED_HARDENING_FULL=1`` runs
+200 concurrent clients x 500 mixed requests and 500 idle connections. The
+clients run in this test process on one event loop (anyio + AsyncClient), so
+the latencies include the clients' own scheduling; docs/reliability.md says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hardening import (
+    FULL,
+    FULL_TIMEOUT_S,
+    nofile_of,
+    percentile,
+    raise_nofile_limit,
+    record,
+    size,
+)
+from support import DaemonProcess, raw_exchange, wait_until
+
+from capsule_client import AsyncClient, Client, Overloaded
+
+PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+STATUS = b'{"jsonrpc":"2.0","id":2,"method":"status"}\n'
+
+pytestmark = pytest.mark.timeout(FULL_TIMEOUT_S if FULL else 60)
+
+Request = Callable[[AsyncClient, int, int], Awaitable[Any]]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nofile() -> None:
+    raise_nofile_limit()
+
+
+@pytest.fixture
+def start(short_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start a real daemon with extra flags; each test may start one."""
+    started: list[DaemonProcess] = []
+
+    def go(*args: str, prefix: Sequence[str] = ()) -> DaemonProcess:
+        home = short_dir / f"home{len(started)}"
+        home.mkdir(mode=0o700)
+        daemon = Prefixed(home, short_dir / f"{len(started)}.sock", args, prefix=prefix)
+        started.append(daemon)
+        return daemon.start()
+
+    yield go
+    for daemon in started:
+        daemon.__exit__()
+
+
+class Prefixed(DaemonProcess):
+    """The daemon started under a wrapper command (``prlimit``)."""
+
+    def __init__(self, *args: Any, prefix: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = list(prefix)
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.prefix, *super().command]
+
+
+# --------------------------------------------------------------------------
+# A load generator on the real client
+
+
+@dataclass
+class Run:
+    latencies_s: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def figures(self) -> dict[str, Any]:
+        count = len(self.latencies_s)
+        return {
+            "requests": count,
+            "errors": len(self.errors),
+            "p50_ms": round(percentile(self.latencies_s, 0.50) * 1000, 2),
+            "p99_ms": round(percentile(self.latencies_s, 0.99) * 1000, 2),
+            "max_ms": round(max(self.latencies_s, default=0) * 1000, 2),
+            "requests_per_s": round(count / self.elapsed_s) if self.elapsed_s else 0,
+        }
+
+
+async def _ping(client: AsyncClient, number: int, i: int) -> Any:
+    assert (await client.ping()).pong is True
+
+
+async def _status(client: AsyncClient, number: int, i: int) -> Any:
+    assert (await client.status()).pid > 0
+
+
+MIX: dict[str, Request] = {"ping": _ping, "status": _status}
+
+
+async def load(socket_path: Path, clients: int, requests: int, mix: Sequence[Request]) -> Run:
+    """``clients`` connections at once, each sending ``requests`` one after the other."""
+    run = Run()
+
+    async def client(number: int) -> None:
+        async with AsyncClient(socket_path, timeout_s=60) as c:
+            for i in range(requests):
+                request = mix[(number + i) % len(mix)]
+                began = time.perf_counter()
+                try:
+                    await request(c, number, i)
+                except Exception as exc:
+                    run.errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                run.latencies_s.append(time.perf_counter() - began)
+
+    began = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for number in range(clients):
+            tg.start_soon(client, number)
+    run.elapsed_s = time.perf_counter() - began
+    return run
+
+
+def test_concurrent_clients_with_mixed_requests_see_no_errors(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    clients, requests = size(20, 200), size(50, 500)
+    daemon = start("--log-level", "info")
+    run = anyio.run(load, daemon.socket_path, clients, requests, list(MIX.values()))
+    assert run.errors == []
+    assert len(run.latencies_s) == clients * requests
+    with Client(daemon.socket_path) as c:
+        status = c.status()
+    assert status.totals.errors == 0
+    assert status.totals.requests >= clients * requests
+    record(
+        "load",
+        {
+            "clients": clients,
+            "requests_per_client": requests,
+            "mix": sorted(MIX),
+            **run.figures(),
+            "daemon_nofile": nofile_of(daemon.pid),
+        },
+    )
+
+
+# --------------------------------------------------------------------------
+# Connections that do not play along
+
+
+def stuff(sock: socket.socket, line: bytes, *, limit_s: float = 10.0) -> int:
+    """Send ``line`` over and over without reading until the socket stops taking it."""
+    sock.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + limit_s
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            sent += sock.send(line * 64)
+            quiet_since = time.monotonic()
+        except BlockingIOError:
+            if time.monotonic() - quiet_since > 0.2:  # the daemon stopped reading
+                return sent
+            time.sleep(0.005)
+    raise AssertionError("the daemon kept reading from a client that never reads")
+
+
+def test_a_client_that_never_reads_and_idle_connections_do_not_slow_the_others(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    clients, requests, idle = size(10, 50), size(50, 200), size(100, 500)
+    # The stuck client must stay stuck for the whole measurement.
+    daemon = start("--log-level", "info", "--write-timeout", "120")
+    mix = [_ping]
+    anyio.run(load, daemon.socket_path, clients, 10, mix)  # warm up
+    baseline = anyio.run(load, daemon.socket_path, clients, requests, mix)
+
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.connect(str(daemon.socket_path))
+    idlers = []
+    try:
+        stuffed = stuff(stuck, STATUS)
+        for _ in range(idle):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(daemon.socket_path))
+            idlers.append(s)
+        with Client(daemon.socket_path) as c:
+            wait_until(lambda: c.status().clients >= idle + 2, message="idle connections")
+        disturbed = anyio.run(load, daemon.socket_path, clients, requests, mix)
+    finally:
+        for s in idlers:
+            s.close()
+        stuck.close()
+    assert baseline.errors == [] and disturbed.errors == []
+    before, after = baseline.figures(), disturbed.figures()
+    # Generous: an event loop with 500 more idle tasks may be a little slower,
+    # but a stuck or idle connection must not make the others wait.
+    assert after["p99_ms"] <= 5 * before["p99_ms"] + 25, (before, after)
+    assert after["p50_ms"] <= 5 * before["p50_ms"] + 10, (before, after)
+    assert raw_exchange(daemon.socket_path, PING).count(b'"pong":true') == 1
+    record(
+        "disturbance",
+        {
+            "clients": clients,
+            "requests_per_client": requests,
+            "idle_connections": idle,
+            "stuck_client_bytes_sent": stuffed,
+            "without": before,
+            "with": after,
+        },
+    )
+
+
+def test_a_stuck_reader_is_dropped_after_the_write_timeout(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    write_timeout_s = 1.0
+    daemon = start("--write-timeout", str(write_timeout_s))
+    with Client(daemon.socket_path) as observer:
+        assert observer.status().clients == 1
+        stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stuck.connect(str(daemon.socket_path))
+        began = time.monotonic()
+        with stuck:
+            stuff(stuck, STATUS)
+            filled = time.monotonic()
+            # The others are served meanwhile.
+            ping_began = time.monotonic()
+            assert observer.ping().pong is True
+            ping_s = time.monotonic() - ping_began
+            wait_until(
+                lambda: observer.status().clients == 1,
+                timeout_s=write_timeout_s + 5,
+                message="the stuck connection to be dropped",
+            )
+            dropped = time.monotonic()
+            # What the daemon had written before it gave up is there; then the end.
+            stuck.setblocking(True)
+            stuck.settimeout(5)
+            received = b""
+            try:
+                while chunk := stuck.recv(1 << 20):
+                    received += chunk
+            except ConnectionResetError:
+                pass
+    assert dropped - began >= write_timeout_s * 0.9
+    assert dropped - filled <= write_timeout_s + 3
+    assert ping_s < 0.5
+    assert received.count(b"\n") >= 1
+    assert "dropping a connection that does not read its replies" in daemon.logs()
+    record(
+        "stuck_writer",
+        {
+            "write_timeout_s": write_timeout_s,
+            "dropped_after_s": round(dropped - began, 2),
+            "others_ping_ms": round(ping_s * 1000, 2),
+        },
+    )
+
+
+def _open(socket_path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(socket_path))
+    return s
+
+
+def _ask(s: socket.socket, line: bytes = PING) -> Any:
+    """One request and its reply; a refusal may arrive (and the socket close) first."""
+    try:
+        s.sendall(line)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the request was sent: the refusal is in the buffer
+    buffer = b""
+    while not buffer.endswith(b"\n"):
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            return None
+        buffer += chunk
+    return json.loads(buffer)
+
+
+def test_the_connection_cap_answers_overloaded(start: Callable[..., DaemonProcess]) -> None:
+    cap = 8
+    daemon = start("--max-connections", str(cap))
+    held = [_open(daemon.socket_path) for _ in range(cap)]
+    try:
+        assert all(_ask(s)["result"]["pong"] is True for s in held)
+        with _open(daemon.socket_path) as extra:
+            reply = json.loads(extra.recv(65536))
+            assert extra.recv(65536) == b""  # closed after the one line
+        assert reply["error"]["code"] == -32002 and reply["id"] is None
+        assert str(cap) in reply["error"]["message"]
+        with pytest.raises(Overloaded), Client(daemon.socket_path) as c:
+            c.ping()
+        held.pop().close()
+        wait_until(
+            lambda: (r := _ask_fresh(daemon.socket_path)) is not None and "result" in r,
+            message="a slot to free up",
+        )
+    finally:
+        for s in held:
+            s.close()
+
+
+def _ask_fresh(socket_path: Path) -> Any:
+    with _open(socket_path) as s:
+        return _ask(s)
+
+
+def test_out_of_descriptors_still_answers_overloaded(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    """The daemon's open-file limit below --max-connections: the cap must still answer.
+
+    Without care the accept fails with EMFILE and the client waits in the
+    backlog with no answer at all.
+    """
+    nofile = 64
+    daemon = start("--log-level", "info", prefix=["prlimit", f"--nofile={nofile}:{nofile}"])
+    assert nofile_of(daemon.pid) == (nofile, nofile)
+    held: list[socket.socket] = []
+    answers: dict[str, int] = {}
+    try:
+        for _ in range(nofile + 16):
+            s = _open(daemon.socket_path)
+            held.append(s)
+            reply = _ask(s)
+            kind = (
+                "pong"
+                if reply is not None and "result" in reply
+                else f"error {reply['error']['code']}"
+                if reply is not None
+                else "closed"
+            )
+            answers[kind] = answers.get(kind, 0) + 1
+    finally:
+        for s in held:
+            s.close()
+    assert set(answers) == {"pong", "error -32002"}, answers
+    assert answers["pong"] >= nofile // 2, answers
+    wait_until(
+        lambda: (r := _ask_fresh(daemon.socket_path)) is not None and "result" in r,
+        message="the daemon to serve again",
+    )
+    assert os.path.exists(daemon.socket_path)
