@@ -105,7 +105,13 @@ class Client:
         sock = self._connect()
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(data)
+            try:
+                sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon may refuse a connection with one error line (-32002
+                # overloaded, -32006 permission denied) and close it before the
+                # request arrives: that line says why, so read it.
+                pass
             while True:
                 result = self._core.read_reply(request_id, self._read_line(sock, deadline))
                 if result is not None:
