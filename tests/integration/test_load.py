@@ -369,3 +369,34 @@ def test_out_of_descriptors_still_answers_overloaded(
         message="the daemon to serve again",
     )
     assert os.path.exists(daemon.socket_path)
+
+
+def test_clients_that_leave_rudely_cost_nothing(start: Callable[..., DaemonProcess]) -> None:
+    """Connections closed at every point of an exchange; the daemon serves on, logs no failure."""
+    rounds = size(200, 2000)
+    daemon = start("--log-level", "info")
+    batch = b"[" + b",".join([STATUS.strip()] * 1000) + b"]\n"
+    ways = [
+        b"",  # connect and close
+        b'{"jsonrpc":"2.0","id":1,"meth',  # half a line
+        STATUS * 50,  # requests, then close without reading (the daemon's writes fail)
+        batch,  # a large reply nobody reads
+        b"\xff" * 70_000,  # garbage without a newline
+    ]
+    for i in range(rounds):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(daemon.socket_path))
+        try:
+            s.sendall(ways[i % len(ways)])
+        except OSError:
+            pass
+        if i % 2:  # half of the time, half-close first (the last line is then answered)
+            s.shutdown(socket.SHUT_WR)
+        s.close()
+    with Client(daemon.socket_path) as c:
+        wait_until(lambda: c.status().clients == 1, message="every rude connection to end")
+        assert c.ping().pong is True
+    logs = daemon.logs()
+    assert "connection failed" not in logs and "could not be answered" not in logs, logs[-3000:]
+    assert daemon.process is not None and daemon.process.poll() is None
+    record("rude_clients", {"title": "Clients that leave rudely", "connections": rounds})
