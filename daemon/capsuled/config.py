@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 from capsule_client.paths import default_home, default_socket
+from capsule_client.protocol import WatcherMode
 
 from . import __version__
+from .watcher import WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]
 
@@ -43,6 +45,8 @@ class Config:
         drain_timeout_s: how long a shutdown waits for in-flight requests.
         write_timeout_s: how long a reply may wait for its peer to read it
             before the connection is dropped (docs/protocol.md, "Slow readers").
+        watch: how the home is watched: ``native`` (falls back to polling
+            when a native watch cannot start), ``polling`` or ``off``.
     """
 
     home: Path
@@ -54,6 +58,7 @@ class Config:
     max_connections: int = 1024
     drain_timeout_s: float = 5.0
     write_timeout_s: float = 10.0
+    watch: WatcherMode = "native"
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -66,6 +71,7 @@ _ENV = {
     "log_level": "CAPSULED_LOG_LEVEL",
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
     "write_timeout": "CAPSULED_WRITE_TIMEOUT",
+    "watch": "CAPSULED_WATCH",
 }
 
 
@@ -158,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         "dropped (default: 10)",
         metavar="S",
     )
+    add(
+        "--watch",
+        "watch",
+        "how to watch the home for changes: native (inotify, FSEvents; falls back to polling "
+        "when it cannot start), polling, or off (no watch: a full rescan every sample interval) "
+        "(default: native)",
+        metavar="MODE",
+    )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
 
@@ -194,8 +208,12 @@ def parse_args(
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
 
+    watch = (pick("watch") or "native").lower()
+    if watch not in WATCH_MODES:
+        raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
+
     config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = {"watch": watch}
     if (text := pick("sample_interval")) is not None:
         overrides["sample_interval_s"] = _positive_float("sample interval", text)
     if (text := pick("rescan_interval")) is not None:
