@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from support import DaemonProcess
+
 FULL = os.environ.get("CAPSULED_HARDENING_FULL", "") not in ("", "0")
 
 #: pytest-timeout for a full-size run of one test (CI keeps the global 60 s).
@@ -108,3 +110,15 @@ def exchange(socket_path: Path, payload: bytes, *, timeout_s: float = 30.0) -> t
             broken.set()
         sender.join(timeout_s)
     return b"".join(chunks), broken.is_set()
+
+
+class Prefixed(DaemonProcess):
+    """The real daemon started under a wrapper command, e.g. ``prlimit --nofile=64:64``."""
+
+    def __init__(self, *args: Any, prefix: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefix = list(prefix)
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.prefix, *super().command]

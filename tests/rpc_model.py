@@ -138,8 +138,13 @@ def _name(v: Any) -> bool:
     return isinstance(v, str) and 1 <= len(v) <= 4096
 
 
+def _session_directory(v: str) -> bool:
+    """SPEC §6: ``ses_`` first, no ``/``, ``\\``, ``..`` or NUL."""
+    return v.startswith("ses_") and not any(bad in v for bad in ("/", "\\", "..", "\0"))
+
+
 def reconcile_params(params: Any) -> str | None:
-    return _named(
+    bad = _named(
         params,
         {
             "from_session": _name,
@@ -148,6 +153,9 @@ def reconcile_params(params: Any) -> str | None:
         },
         ("from_session", "this_session", "context_id"),
     )
+    if bad is None and not _session_directory(params["from_session"]):
+        return "from_session"  # decoded, then refused by reconcile itself (-32602)
+    return bad
 
 
 def ping_result(result: Any) -> None:

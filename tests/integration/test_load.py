@@ -22,6 +22,7 @@ import pytest
 from hardening import (
     FULL,
     FULL_TIMEOUT_S,
+    Prefixed,
     nofile_of,
     percentile,
     raise_nofile_limit,
@@ -60,18 +61,6 @@ def start(short_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
     yield go
     for daemon in started:
         daemon.__exit__()
-
-
-class Prefixed(DaemonProcess):
-    """The daemon started under a wrapper command (``prlimit``)."""
-
-    def __init__(self, *args: Any, prefix: Sequence[str] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.prefix = list(prefix)
-
-    @property
-    def command(self) -> list[str]:
-        return [*self.prefix, *super().command]
 
 
 # --------------------------------------------------------------------------
