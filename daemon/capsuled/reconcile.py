@@ -63,7 +63,9 @@ _READ_BUFFER_BYTES: Final = 1 << 20
 #: JSON numbers above this are not a ``u64`` in the seed and count as absent.
 _U64_LIMIT: Final = 1 << 64
 
-_decode: Final = msgspec.json.Decoder().decode
+#: Every JSON object is a record, also one holding a number no float can hold
+#: (``1e400`` decodes to ``inf`` instead of failing the line).
+_decode: Final = msgspec.json.Decoder(float_hook=float).decode
 
 
 @dataclass(slots=True)
@@ -207,7 +209,9 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
 
     A line that is not a JSON object — a torn tail, garbage, NUL bytes,
     invalid UTF-8, JSON of another type — is counted and skipped; the lines
-    around it still count.  Members of the wrong type count as absent.
+    around it still count. So is an object nested deeper than the decoder's
+    recursion limit (about 1,000 levels), which cannot be read.  Members of
+    the wrong type count as absent.
 
     Args:
         lines: the trace's lines, each with or without its ``\\n``.
@@ -227,7 +231,9 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
         size += len(line)
         try:
             record = decode(line)
-        except decode_error:
+        except (decode_error, RecursionError):
+            # RecursionError: nested deeper than the decoder recurses; the line
+            # is skipped like any other that cannot be read.
             skipped += 1
             continue
         if type(record) is not dict:
