@@ -105,7 +105,14 @@ def render_load(f: dict[str, Any]) -> str:
     return (
         "## Load\n\n"
         f"{f['clients']} concurrent clients (`AsyncClient`, one connection each) x "
-        f"{f['requests_per_client']} requests, mixed {', '.join(f['mix'])}. The clients run "
+        f"{f['requests_per_client']} requests, mixed {', '.join(f['mix'])} in turn"
+        + (
+            f"; each of the {f['reconciles']:,} reconciles is of a distinct prior session "
+            "with one lost work, and each trace ends with exactly one marker afterwards"
+            if f.get("reconciles")
+            else ""
+        )
+        + ". The clients run "
         "in one Python process on one event loop beside the daemon on the same two cores, "
         "so the latencies include the clients' own scheduling.\n\n"
         + _table(

@@ -93,7 +93,41 @@ async def _status(client: AsyncClient, number: int, i: int) -> Any:
     assert (await client.status()).pid > 0
 
 
-MIX: dict[str, Request] = {"ping": _ping, "status": _status}
+async def _reconcile(client: AsyncClient, number: int, i: int) -> Any:
+    report = await client.reconcile(f"ses_l{number}_{i}", f"ses_n{number}_{i}", "ctx")
+    assert report is not None and [w.work_id for w in report.lost] == [f"wrk_{number}_{i}"]
+
+
+MIX: dict[str, Request] = {"ping": _ping, "status": _status, "session.reconcile": _reconcile}
+
+
+def prior_sessions(home: Path, clients: int, requests: int, mix: Sequence[Request]) -> list[Path]:
+    """One prior session with one lost work for each reconcile the load will send."""
+    traces = []
+    for number in range(clients):
+        for i in range(requests):
+            if mix[(number + i) % len(mix)] is not _reconcile:
+                continue
+            directory = home / "sessions" / f"ses_l{number}_{i}"
+            directory.mkdir(mode=0o700, parents=True)
+            trace = directory / "trace.jsonl"
+            trace.write_text(
+                json.dumps({"event_type": "task_start", "task_id": "tsk_a", "trust": "trusted"})
+                + "\n"
+                + json.dumps(
+                    {
+                        "event_type": "shell_detached",
+                        "work_id": f"wrk_{number}_{i}",
+                        "task_id": "tsk_a",
+                        "binary": "/bin/sh",
+                        "command": "sleep 100",
+                        "timestamp": 1_700_000_000_000,
+                    }
+                )
+                + "\n"
+            )
+            traces.append(trace)
+    return traces
 
 
 async def load(socket_path: Path, clients: int, requests: int, mix: Sequence[Request]) -> Run:
@@ -125,9 +159,15 @@ def test_concurrent_clients_with_mixed_requests_see_no_errors(
 ) -> None:
     clients, requests = size(20, 200), size(50, 500)
     daemon = start("--log-level", "info")
-    run = anyio.run(load, daemon.socket_path, clients, requests, list(MIX.values()))
-    assert run.errors == []
+    mix = list(MIX.values())
+    traces = prior_sessions(daemon.home, clients, requests, mix)
+    run = anyio.run(load, daemon.socket_path, clients, requests, mix)
+    assert run.errors == [], run.errors[:5]
     assert len(run.latencies_s) == clients * requests
+    for trace in traces:  # one marker per lost work, no more
+        lines = trace.read_bytes().splitlines()
+        assert [json.loads(x)["event_type"] for x in lines][-1:] == ["shell_lost"]
+        assert len(lines) == 3
     with Client(daemon.socket_path) as c:
         status = c.status()
     assert status.totals.errors == 0
@@ -138,6 +178,7 @@ def test_concurrent_clients_with_mixed_requests_see_no_errors(
             "clients": clients,
             "requests_per_client": requests,
             "mix": sorted(MIX),
+            "reconciles": len(traces),
             **run.figures(),
             "daemon_nofile": nofile_of(daemon.pid),
         },
