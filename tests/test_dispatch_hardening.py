@@ -230,3 +230,23 @@ def test_the_cap_is_fitted_to_the_open_file_limit() -> None:
         assert fit_to_descriptors(10) == 10
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        (b"0\x00", -32700),
+        (b"0 {{{", -32700),
+        (b'"ping" x', -32700),
+        (b"null,", -32700),
+        (b"true false", -32700),
+        (b"1 " + nest(5000), -32700),
+        (b"0", -32600),
+        (b'"ping"', -32600),
+        (b" null ", -32600),
+    ],
+)
+async def test_a_scalar_is_invalid_only_if_the_whole_line_is_json(line: bytes, code: int) -> None:
+    """Kind: msgspec reported the first token's type before checking the rest was JSON."""
+    reply = await answer(line)
+    assert reply["error"]["code"] == code and reply["id"] is None

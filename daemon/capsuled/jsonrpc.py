@@ -75,6 +75,7 @@ _WHERE = re.compile(r" - at `\$\.([A-Za-z0-9_]+)`$")
 _MISSING = re.compile(r"missing required field `([A-Za-z0-9_]+)`")
 _UNKNOWN = re.compile(r"Object contains unknown field `")
 _keys: Final = msgspec.json.Decoder(dict[str, Raw])
+_json: Final = msgspec.json.Decoder(Raw)  # checks that a text is JSON, keeps nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,9 @@ class Dispatcher:
         try:
             envelope = _envelope.decode(text)
         except msgspec.ValidationError:
-            return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
+            # msgspec stops at the first token of the wrong type; the rest of the
+            # line must still be JSON for this to be a request at all.
+            return _not_a_request(text)
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
         except RecursionError:
@@ -292,6 +295,17 @@ class Dispatcher:
         if missing and missing.group(1) in fields:
             return missing.group(1), reason
         return "params", reason[:200]
+
+
+def _not_a_request(text: bytes) -> bytes:
+    """-32600 for JSON that is not a request object; -32700 if it is not JSON at all."""
+    try:
+        _json.decode(text)
+    except msgspec.DecodeError as exc:
+        return encode_error(PARSE_ERROR, f"parse error: {exc}")
+    except RecursionError:
+        return encode_error(PARSE_ERROR, _TOO_DEEP)
+    return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
 
 
 def _decode_str(raw: Raw) -> str | None:
