@@ -721,11 +721,13 @@ class ActiveSessionReader:
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
-        if is_dir:
+        kind = _receipt_kind(parts)
+        if is_dir and kind is None:
             if _walked(parts):
                 self._scan(entry.path, parts, sample)
             return
-        kind = _receipt_kind(parts)
+        # A receipt's place holds whatever it holds: a directory named x.json
+        # is an error for that path, as it is when the watcher reports it.
         if kind is not None:
             self._read_receipt(entry.path, kind, sample)
 
