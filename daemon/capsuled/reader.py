@@ -667,6 +667,10 @@ class ActiveSessionReader:
             raise _Unavailable(f"home {self._home} cannot be inspected: {_describe(exc)}") from exc
         if self._identity is not None and identity != self._identity:
             raise _HomeReplaced
+        if self._identity is None and identity is not None:
+            # The home (re)appeared: a walk of the missing home found nothing, and
+            # a watch may not see the new one yet. Walk it now, whatever the watcher says.
+            self._rescan = True
         self._identity = identity
 
     def _unalias(self, path: str) -> str:

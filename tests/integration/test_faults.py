@@ -12,7 +12,9 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,9 +23,13 @@ from typing import Any
 
 import pytest
 from hardening import FULL, FULL_TIMEOUT_S, Prefixed, record, size
-from support import DaemonProcess
+from support import DaemonProcess, wait_until
 
+from capsule_client import Client
+from capsule_client.paths import store_path
 from capsule_client.protocol import LostReport
+from capsule_client.receipts import write_provider_client_receipt
+from capsule_client.store import OwnershipStore
 
 pytestmark = pytest.mark.timeout(FULL_TIMEOUT_S if FULL else 60)
 
@@ -343,3 +349,121 @@ def test_a_file_size_limit_mid_append_reports_nothing_and_leaves_no_torn_marker(
         report = ask(daemon, reconcile_params("ses_fsize", "ses_next"))["result"]
         assert lost_ids(report) == lost
     assert sorted(m["work_id"] for m in markers(trace)) == sorted(lost)
+
+
+# --------------------------------------------------------------------------
+# The reader's faults: a locked store, a home deleted and re-created
+
+
+def live_session(home: Path, sleeper: subprocess.Popen[bytes], session: str) -> None:
+    """A provider-client receipt for ``sleeper`` and a store saying ``session`` owns it."""
+    write_provider_client_receipt(home, "run_1", "inp_1", "cli_1", sleeper.pid)
+    with OwnershipStore(store_path(home)) as store:
+        store.register_session(session, context_id="ctx")
+        store.register_input("inp_1", session)
+
+
+def fresh_snapshot(daemon: DaemonProcess) -> dict[str, Any]:
+    with Client(daemon.socket_path, timeout_s=15) as client:
+        raw = client.call_raw("sessions.snapshot", {"max_age_ms": 0, "timeout_ms": 3000})
+    result: dict[str, Any] = json.loads(raw)
+    return result
+
+
+def sessions_of(snap: dict[str, Any]) -> set[str]:
+    return {s["session_id"] for s in snap["sessions"]}
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "600"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
+    short_dir: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    live_session(home, sleeper, "ses_live")
+    with DaemonProcess(home, short_dir / "s.sock", ["--log-level", "info"]) as daemon:
+        assert sessions_of(fresh_snapshot(daemon)) == {"ses_live"}
+        # A writer that keeps the store to itself: in WAL mode only an exclusive
+        # locking mode keeps readers out, for as long as the writer holds it.
+        writer = sqlite3.connect(store_path(home), isolation_level=None)
+        writer.execute("PRAGMA locking_mode = EXCLUSIVE")
+        writer.execute("BEGIN EXCLUSIVE")
+        writer.execute("INSERT INTO sessions VALUES ('ses_w', NULL, NULL, 0)")
+        try:
+            began = time.monotonic()
+            locked = fresh_snapshot(daemon)
+            waited_s = time.monotonic() - began
+            assert locked["discovery"] == "unavailable", locked
+            assert locked["sessions"] == []
+            assert any("locked" in gap for gap in locked["gaps"]), locked["gaps"]
+            with Client(daemon.socket_path) as client:
+                assert client.ping().pong is True  # the server is not held up
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+        recovered = wait_until(
+            lambda: (s := fresh_snapshot(daemon))["discovery"] == "ready" and s,
+            message="discovery to recover",
+        )
+        assert sessions_of(recovered) == {"ses_live"}
+    assert waited_s >= 1.0  # the busy timeout (SPEC §4: at least 1 s) was honoured
+    record(
+        "store_locked",
+        {
+            "title": "The store locked past the busy timeout",
+            "text": (
+                "A writer holds the store with an exclusive lock in WAL mode. The snapshot "
+                "is unavailable and its gap says the store is locked; once the writer "
+                "lets go, the next snapshot is ready with the live session again."
+            ),
+            "unavailable_answer_after_s": round(waited_s, 2),
+            "gap": next(g for g in locked["gaps"] if "locked" in g)[-80:],
+        },
+    )
+
+
+@pytest.mark.parametrize("watch", ["polling", "native"])
+def test_the_home_deleted_and_recreated_is_recovered(
+    short_dir: Path, sleeper: subprocess.Popen[bytes], watch: str
+) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    live_session(home, sleeper, "ses_before")
+    args = ["--log-level", "info", "--watch", watch]
+    with DaemonProcess(home, short_dir / "h.sock", args) as daemon:
+        assert sessions_of(fresh_snapshot(daemon)) == {"ses_before"}
+        with Client(daemon.socket_path) as client:
+            assert client.status().watcher == watch
+        shutil.rmtree(home)
+        gone = fresh_snapshot(daemon)
+        # No session survives its receipts, and the answer says what is missing
+        # (a fresh reader for the missing home finds no store: "nobody owns anything").
+        assert gone["sessions"] == [] and gone["unowned"] == [], gone
+        assert gone["gaps"], gone
+        home.mkdir(mode=0o700)
+        live_session(home, sleeper, "ses_after")
+        # The first observation after the home reappears walks it, whatever the
+        # watcher has noticed yet (a polling watch notices about a second later).
+        back = fresh_snapshot(daemon)
+        assert back["discovery"] == "ready" and sessions_of(back) == {"ses_after"}, back
+        with Client(daemon.socket_path) as client:
+            status = client.status()
+        assert status.totals.readers_restarted >= 1
+        assert status.watcher == watch
+        # Changes after the recovery still arrive (the watch follows the new home).
+        with OwnershipStore(home / "capsule.db") as store:
+            store.register_session("ses_later", context_id="ctx")
+            store.register_input("inp_1", "ses_later")
+        wait_until(
+            lambda: sessions_of(fresh_snapshot(daemon)) == {"ses_later"},
+            timeout_s=10,
+            message="a change after recovery",
+        )
+    assert back["gaps"] == [], back["gaps"]
