@@ -121,6 +121,11 @@ def render_load(f: dict[str, Any]) -> str:
                 ("daemon open-file limit (soft / hard)", f"{soft} / {hard}"),
             ]
         )
+        + "\n\n| method | requests | p50 | p99 |\n| --- | --- | --- | --- |\n"
+        + "\n".join(
+            f"| `{name}` | {m['count']:,} | {m['p50_ms']} ms | {m['p99_ms']} ms |"
+            for name, m in f.get("by_method", {}).items()
+        )
     )
 
 

@@ -72,6 +72,17 @@ class Run:
     latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    by_request: dict[str, list[float]] = field(default_factory=dict)
+
+    def per_request(self) -> dict[str, dict[str, float]]:
+        return {
+            name.lstrip("_"): {
+                "count": len(samples),
+                "p50_ms": round(percentile(samples, 0.50) * 1000, 2),
+                "p99_ms": round(percentile(samples, 0.99) * 1000, 2),
+            }
+            for name, samples in sorted(self.by_request.items())
+        }
 
     def figures(self) -> dict[str, Any]:
         count = len(self.latencies_s)
@@ -98,7 +109,18 @@ async def _reconcile(client: AsyncClient, number: int, i: int) -> Any:
     assert report is not None and [w.work_id for w in report.lost] == [f"wrk_{number}_{i}"]
 
 
-MIX: dict[str, Request] = {"ping": _ping, "status": _status, "session.reconcile": _reconcile}
+async def _snapshot(client: AsyncClient, number: int, i: int) -> Any:
+    # Every other one forces a fresh observation (single flight shares it).
+    snap = await client.snapshot(timeout_ms=5000, max_age_ms=0 if i % 2 else None)
+    assert snap.discovery == "ready", snap.gaps
+
+
+MIX: dict[str, Request] = {
+    "ping": _ping,
+    "status": _status,
+    "sessions.snapshot": _snapshot,
+    "session.reconcile": _reconcile,
+}
 
 
 def prior_sessions(home: Path, clients: int, requests: int, mix: Sequence[Request]) -> list[Path]:
@@ -144,7 +166,9 @@ async def load(socket_path: Path, clients: int, requests: int, mix: Sequence[Req
                 except Exception as exc:
                     run.errors.append(f"{type(exc).__name__}: {exc}")
                     continue
-                run.latencies_s.append(time.perf_counter() - began)
+                took_s = time.perf_counter() - began
+                run.latencies_s.append(took_s)
+                run.by_request.setdefault(request.__name__, []).append(took_s)
 
     began = time.perf_counter()
     async with anyio.create_task_group() as tg:
@@ -180,6 +204,7 @@ def test_concurrent_clients_with_mixed_requests_see_no_errors(
             "mix": sorted(MIX),
             "reconciles": len(traces),
             **run.figures(),
+            "by_method": run.per_request(),
             "daemon_nofile": nofile_of(daemon.pid),
         },
     )
