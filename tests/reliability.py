@@ -34,7 +34,10 @@ TESTS = [
     "tests/integration/test_load.py",
     "tests/integration/test_faults.py",
     "tests/integration/test_bad_input.py",
+    "tests/integration/test_bad_receipts.py",
     "tests/test_dispatch_hardening.py",
+    "tests/test_scan_hardening.py",
+    "tests/test_receipts_hardening.py",
 ]
 
 INTRO = """\
