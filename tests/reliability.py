@@ -35,6 +35,7 @@ TESTS = [
     "tests/integration/test_faults.py",
     "tests/integration/test_bad_input.py",
     "tests/integration/test_bad_receipts.py",
+    "tests/integration/test_params_catalogue.py",
     "tests/test_dispatch_hardening.py",
     "tests/test_scan_hardening.py",
     "tests/test_receipts_hardening.py",
@@ -122,6 +123,10 @@ def render_load(f: dict[str, Any]) -> str:
             [
                 *_latency_rows("", f),
                 ("daemon open-file limit (soft / hard)", f"{soft} / {hard}"),
+                (
+                    "daemon resident memory before / after",
+                    " / ".join(f"{m} MiB" for m in f.get("daemon_rss_mib_before_after", [])),
+                ),
             ]
         )
         + "\n\n| method | requests | p50 | p99 |\n| --- | --- | --- | --- |\n"
