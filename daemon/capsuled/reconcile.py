@@ -204,6 +204,45 @@ _HANDLERS: Final[dict[str, _Handler]] = {
 }
 
 
+class _Kind(msgspec.Struct):
+    """Just a record's ``event_type``: decoding it skips the rest of the line quickly."""
+
+    event_type: Any = None
+
+
+_decode_kind: Final = msgspec.json.Decoder(_Kind).decode
+
+
+def _record(
+    scan: TraceScan, line: bytes, this_session: str | None, decode: Callable[[bytes], Any]
+) -> bool:
+    """Apply one decoded line to ``scan``; ``False`` if it is not a JSON object."""
+    try:
+        # Most lines are not relevant records (model output, tool calls):
+        # find out from the event type alone, which msgspec reads while
+        # skipping the rest of the line at a fraction of a full decode's cost.
+        # Duplicate keys resolve as in a dict (the last wins), so a line is
+        # passed over only when decoding it whole would pass it over too.
+        kind = _decode_kind(line).event_type
+    except (msgspec.DecodeError, RecursionError):
+        pass  # not an object, not JSON, or too deep: the full decode below decides
+    else:
+        if type(kind) is not str or kind not in _HANDLERS:
+            return True
+    try:
+        record = decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        # RecursionError: nested deeper than the decoder recurses; the line is
+        # skipped like any other that cannot be read.
+        return False
+    if type(record) is not dict:
+        return False
+    event_type = record.get("event_type")
+    if type(event_type) is str and (handler := _HANDLERS.get(event_type)) is not None:
+        handler(scan, record, this_session)
+    return True
+
+
 def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> TraceScan:
     """Scan trace lines (SPEC §6 "Scan"), each decoded on its own.
 
@@ -222,26 +261,13 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
         The scan's findings.
     """
     scan = TraceScan()
-    handlers = _HANDLERS
     decode = _decode
-    decode_error = msgspec.DecodeError
     count = skipped = size = 0
     for line in lines:
         count += 1
         size += len(line)
-        try:
-            record = decode(line)
-        except (decode_error, RecursionError):
-            # RecursionError: nested deeper than the decoder recurses; the line
-            # is skipped like any other that cannot be read.
+        if not _record(scan, line, this_session, decode):
             skipped += 1
-            continue
-        if type(record) is not dict:
-            skipped += 1
-            continue
-        event_type = record.get("event_type")
-        if type(event_type) is str and (handler := handlers.get(event_type)) is not None:
-            handler(scan, record, this_session)
     scan.lines, scan.skipped_lines, scan.bytes = count, skipped, size
     return scan
 

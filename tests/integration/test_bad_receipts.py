@@ -283,19 +283,40 @@ def test_an_unreadable_receipt_is_a_gap_for_a_daemon_that_cannot_read_it(
     )
     log.close()
     try:
-        daemon.wait_ready()
-        with Client(daemon.socket_path, timeout_s=10) as client:
-            snap = wait_until(
-                lambda: (
-                    (s := json.loads(client.call_raw("sessions.snapshot", {"max_age_ms": 0})))[
-                        "discovery"
-                    ]
-                    == "ready"
-                    and s
-                ),
-                message="a ready snapshot",
-            )
+        # The daemon refuses peers of another uid (-32006), so ask as its user.
+        snap = wait_until(
+            lambda: (
+                (s := snapshot_as(OTHER_UID, daemon.socket_path)) is not None
+                and s["discovery"] == "ready"
+                and s
+            ),
+            timeout_s=15,
+            message="a ready snapshot",
+        )
         assert any(str(receipt) in g and "ermission" in g for g in snap["gaps"]), snap["gaps"]
     finally:
         daemon.__exit__()
-    assert sys.platform.startswith("linux")
+
+
+ASK = """
+import json, sys
+from capsule_client import Client
+with Client(sys.argv[1], timeout_s=5) as client:
+    print(client.call_raw("sessions.snapshot", {"max_age_ms": 0}).decode())
+"""
+
+
+def snapshot_as(uid: int, socket_path: Path) -> dict[str, Any] | None:
+    """A snapshot asked by a client running as ``uid``; None until the daemon answers."""
+    done = subprocess.run(
+        [
+            *("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+            *(sys.executable, "-c", ASK, str(socket_path)),
+        ],
+        capture_output=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        return None
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
