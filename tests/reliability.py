@@ -223,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             env["CAPSULED_HARDENING_FULL"] = "1"
         tests = [t for t in TESTS if (ROOT / t).exists()]
+        # A private --basetemp: other pytest runs on the machine clean up the shared one.
         status = subprocess.call(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+            [
+                *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+                f"--basetemp={out}/pytest",
+                *tests,
+            ],
             cwd=ROOT,
             env=env,
         )
@@ -232,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             print("reliability: tests failed; docs/reliability.md left as it was", file=sys.stderr)
             return status
         figures = {p.stem: json.loads(p.read_text()) for p in sorted(Path(out).glob("*.json"))}
+        if not figures:
+            print("reliability: the tests wrote no figures", file=sys.stderr)
+            return 1
     notes_path = ROOT / "docs" / "reliability-notes.md"
     notes = notes_path.read_text().strip() if notes_path.exists() else ""
     page = render(figures, notes)
