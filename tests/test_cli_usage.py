@@ -21,3 +21,8 @@ def test_a_positive_timeout_is_accepted(capsys: pytest.CaptureFixture[str]) -> N
     # Nothing listens there: the command gets as far as connecting (exit 3).
     assert main(["--socket", "/nonexistent/capsuled.sock", "--timeout", "0.5", "ping"]) == 3
     assert "not running" in capsys.readouterr().err
+
+
+def test_an_empty_socket_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ping", "--socket", ""]) == 2
+    assert "must not be empty" in capsys.readouterr().err

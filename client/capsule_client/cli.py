@@ -300,15 +300,23 @@ def _timeout_s(text: str) -> float:
     return value
 
 
+def _socket_path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the socket path must not be empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``capsulectl`` command line."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--socket",
         metavar="PATH",
+        type=_socket_path,
         default=argparse.SUPPRESS,
         help="the daemon's socket (default: $CAPSULED_SOCKET, else "
-        "$XDG_RUNTIME_DIR/capsuled.sock, else $CAPSULE_HOME/capsuled.sock)",
+        "$XDG_RUNTIME_DIR/capsuled.sock, else HOME/capsuled.sock where HOME is "
+        "$CAPSULE_HOME, else $XDG_STATE_HOME/capsule, else ~/.local/state/capsule)",
     )
     common.add_argument(
         "--json",

@@ -675,7 +675,8 @@ class ActiveSessionReader:
             )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise _Unavailable(
-                f"home {self._home} is writable by group or others; refusing its receipts"
+                f"home {self._home} is writable by group or others; refusing its receipts. "
+                f"Fix: `chmod 0700 {self._home}`"
             )
         return st.st_dev, st.st_ino
 
