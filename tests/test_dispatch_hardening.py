@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import socket
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -250,3 +251,38 @@ async def test_a_scalar_is_invalid_only_if_the_whole_line_is_json(line: bytes, c
     """Kind: msgspec reported the first token's type before checking the rest was JSON."""
     reply = await answer(line)
     assert reply["error"]["code"] == code and reply["id"] is None
+
+
+def test_a_full_listen_backlog_is_waited_out_not_called_daemon_not_running(
+    short_dir: Path,
+) -> None:
+    """Kind: EAGAIN at connect (a busy daemon's full backlog) was reported as not running.
+
+    A listener that does not accept stands for a daemon too busy to: its backlog
+    of one fills, the client waits for room until its timeout, and gets in once
+    the listener accepts.
+    """
+    from capsule_client import Client, RequestTimeout
+
+    path = short_dir / "b.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(0)
+        fillers = []
+        for _ in range(8):  # fill the backlog, whatever the kernel rounds it up to
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect(str(path))
+            except BlockingIOError:
+                s.close()
+                break
+            fillers.append(s)
+        else:
+            pytest.skip("the kernel's backlog did not fill")
+        began = time.monotonic()
+        with pytest.raises(RequestTimeout, match="backlog"), Client(path, timeout_s=0.3) as c:
+            c.ping()
+        assert time.monotonic() - began >= 0.25
+        for s in fillers:
+            s.close()

@@ -153,11 +153,24 @@ class Client:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._core.timeout_s)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError as exc:
-            sock.close()
-            raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
+        deadline = time.monotonic() + self._core.timeout_s
+        while True:
+            try:
+                sock.connect(str(self.socket_path))
+                break
+            except BlockingIOError as exc:
+                # EAGAIN: the daemon's listen backlog is full. It is there and busy,
+                # not gone: wait for room until the timeout, as a blocking connect would.
+                if time.monotonic() >= deadline:
+                    sock.close()
+                    raise RequestTimeout(
+                        f"{self.socket_path} accepted no connection within "
+                        f"{self._core.timeout_s} s: its listen backlog stayed full"
+                    ) from exc
+                time.sleep(0.005)
+            except OSError as exc:
+                sock.close()
+                raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
         self._sock = sock
         self._buffer.clear()
         return sock
