@@ -1,0 +1,167 @@
+"""What a scenario is, what it returns, and the context it runs in.
+
+A scenario is a function ``run(ctx) -> Outcome`` registered with its number,
+title, baseline and target texts (:class:`Scenario`). It measures the daemon
+and its baseline in the same run and judges each target with a
+:class:`Verdict`. A scenario that cannot run on this tree (a feature has not
+landed) raises :class:`NotMeasured`; the report then says why instead of
+showing numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar
+
+__all__ = [
+    "ROOT",
+    "Context",
+    "NotMeasured",
+    "Outcome",
+    "Result",
+    "Scenario",
+    "Status",
+    "Table",
+    "Verdict",
+    "judge",
+    "require_modules",
+]
+
+T = TypeVar("T")
+
+#: The repository root: the working directory for ``python -m benchmarks.*`` subprocesses.
+ROOT = Path(__file__).resolve().parent.parent
+
+Status = Literal["met", "MISSED", "not measured"]
+
+
+class NotMeasured(Exception):
+    """The scenario cannot run on this tree; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A table of formatted cells; the first column names the row."""
+
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One target, what was measured against it, and whether it was met."""
+
+    target: str
+    measured: str
+    status: Status
+
+
+def judge(target: str, measured: str, ok: bool) -> Verdict:
+    """A :class:`Verdict` that is ``met`` when ``ok``, else ``MISSED``."""
+    return Verdict(target, measured, "met" if ok else "MISSED")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a scenario's ``run`` returns.
+
+    Attributes:
+        tables: one or more tables (daemon, baseline and their ratio side by side).
+        verdicts: one per target, in the order of :attr:`Scenario.targets`.
+        notes: how it was measured, in sentences (shown under the tables).
+    """
+
+    tables: Sequence[Table]
+    verdicts: Sequence[Verdict]
+    notes: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A registered benchmark.
+
+    Attributes:
+        number: its number in the report (1-based, stable).
+        title: what is measured.
+        baseline: what it is compared with in the same run ("—" if nothing).
+        targets: the targets, as text.
+        run: measures and judges; may raise :class:`NotMeasured`.
+    """
+
+    number: int
+    title: str
+    baseline: str
+    targets: Sequence[str]
+    run: Callable[[Context], Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A scenario after it ran: its outcome, or why there is none."""
+
+    scenario: Scenario
+    outcome: Outcome | None
+    elapsed_s: float
+    not_measured: str | None = None
+    failure: str | None = None
+
+    @property
+    def verdicts(self) -> Sequence[Verdict]:
+        """The outcome's verdicts, or one ``not measured`` per target."""
+        if self.outcome is not None:
+            return self.outcome.verdicts
+        reason = self.not_measured or f"failed: {self.failure}"
+        return [Verdict(t, reason, "not measured") for t in self.scenario.targets]
+
+
+@dataclass
+class Context:
+    """What every scenario gets.
+
+    Attributes:
+        quick: small sizes (the CI smoke run); numbers are not meaningful.
+        workdir: a fresh, short directory (socket paths stay under 107 bytes)
+            removed after the run.
+        verbose: print progress lines to stderr.
+    """
+
+    quick: bool
+    workdir: Path
+    verbose: bool = True
+    _started: float = field(default_factory=time.monotonic)
+
+    def size(self, *, quick: T, full: T) -> T:
+        """``quick`` in quick mode, else ``full``."""
+        return quick if self.quick else full
+
+    def log(self, message: str) -> None:
+        """A progress line on stderr, with the seconds since the run began."""
+        if self.verbose:
+            elapsed_s = time.monotonic() - self._started
+            print(f"[{elapsed_s:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+    def scratch(self, name: str) -> Path:
+        """A new directory ``name`` under :attr:`workdir` (mode 0700)."""
+        path = self.workdir / name
+        path.mkdir(mode=0o700)
+        return path
+
+
+def require_modules(*names: str) -> None:
+    """Raise :class:`NotMeasured` unless every module in ``names`` can be imported.
+
+    Raises:
+        NotMeasured: naming the first missing module.
+    """
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise NotMeasured(f"`{name}` is not in this tree yet")
