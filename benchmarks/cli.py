@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Context, NotMeasured, Result, Scenario
+from benchmarks.harness import ROOT, Context, NotMeasured, Result, Scenario, load_average
 from benchmarks.machine import describe_machine
 from benchmarks.report import render_json, render_markdown, render_table
 from benchmarks.scenarios import SCENARIOS, by_number
@@ -62,17 +62,27 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_one(scenario: Scenario, ctx: Context) -> Result:
     ctx.log(f"{scenario.number}: {scenario.title}")
+    load_before = load_average()
     started = time.monotonic()
+    outcome = None
+    not_measured = failure = None
     try:
         outcome = scenario.run(ctx)
     except NotMeasured as exc:
         ctx.log(f"{scenario.number}: not measured: {exc}")
-        return Result(scenario, None, time.monotonic() - started, not_measured=str(exc))
+        not_measured = str(exc)
     except Exception as exc:
         traceback.print_exc()
         failure = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        return Result(scenario, None, time.monotonic() - started, failure=failure)
-    return Result(scenario, outcome, time.monotonic() - started)
+    return Result(
+        scenario,
+        outcome,
+        time.monotonic() - started,
+        not_measured=not_measured,
+        failure=failure,
+        load_before=load_before,
+        load_after=load_average(),
+    )
 
 
 def _print_result(result: Result) -> None:
@@ -99,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir.chmod(0o700)
     ctx = Context(quick=args.quick, workdir=workdir, verbose=not args.quiet)
     try:
-        results = [_run_one(scenario, ctx) for scenario in by_number(args.only)]
+        with ctx.resources:
+            results = [_run_one(scenario, ctx) for scenario in by_number(args.only)]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for result in results:

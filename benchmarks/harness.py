@@ -11,12 +11,17 @@ showing numbers.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from benchmarks.homes import GeneratedHome, SleepPool
 
 __all__ = [
     "ROOT",
@@ -29,6 +34,8 @@ __all__ = [
     "Table",
     "Verdict",
     "judge",
+    "load_average",
+    "report",
     "require_modules",
 ]
 
@@ -37,7 +44,10 @@ T = TypeVar("T")
 #: The repository root: the working directory for ``python -m benchmarks.*`` subprocesses.
 ROOT = Path(__file__).resolve().parent.parent
 
-Status = Literal["met", "MISSED", "not measured"]
+#: Real processes that the generated receipts share.
+SHARED_PROCESSES = 50
+
+Status = Literal["met", "MISSED", "reported", "not measured"]
 
 
 class NotMeasured(Exception):
@@ -54,11 +64,19 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One target, what was measured against it, and whether it was met."""
+    """One target, what was measured against it, and whether it was met.
+
+    ``reported`` marks a number asked for without a target.
+    """
 
     target: str
     measured: str
     status: Status
+
+
+def report(target: str, measured: str) -> Verdict:
+    """A :class:`Verdict` for a measurement that has no target: ``reported``."""
+    return Verdict(target, measured, "reported")
 
 
 def judge(target: str, measured: str, ok: bool) -> Verdict:
@@ -109,6 +127,8 @@ class Result:
     elapsed_s: float
     not_measured: str | None = None
     failure: str | None = None
+    load_before: float | None = None
+    load_after: float | None = None
 
     @property
     def verdicts(self) -> Sequence[Verdict]:
@@ -133,7 +153,36 @@ class Context:
     quick: bool
     workdir: Path
     verbose: bool = True
+    resources: ExitStack = field(default_factory=ExitStack)
     _started: float = field(default_factory=time.monotonic)
+    _homes: dict[int, GeneratedHome] = field(default_factory=dict)
+    _pool: SleepPool | None = None
+
+    def sleep_pool(self) -> SleepPool:
+        """The ~50 shared ``sleep`` processes receipts name (started once, killed at the end)."""
+        if self._pool is None:
+            from benchmarks.homes import SleepPool
+
+            self._pool = SleepPool(SHARED_PROCESSES)
+            self.resources.callback(self._pool.close)
+        return self._pool
+
+    def home(self, receipts: int) -> GeneratedHome:
+        """A generated home with ``receipts`` live receipts, made once per size and shared.
+
+        Scenarios must not change it (scenario 3 changes one receipt's
+        content and writes it back the same, which keeps it equivalent).
+        """
+        if receipts not in self._homes:
+            from benchmarks.homes import generate_home
+
+            self.log(f"generating a home of {receipts:,} receipts")
+            started = time.monotonic()
+            self._homes[receipts] = generate_home(
+                self.workdir / f"home{receipts}", receipts, self.sleep_pool()
+            )
+            self.log(f"generated in {time.monotonic() - started:.1f} s")
+        return self._homes[receipts]
 
     def size(self, *, quick: T, full: T) -> T:
         """``quick`` in quick mode, else ``full``."""
@@ -150,6 +199,14 @@ class Context:
         path = self.workdir / name
         path.mkdir(mode=0o700)
         return path
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (other work on the machine skews the numbers)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def require_modules(*names: str) -> None:

@@ -51,7 +51,13 @@ def _section(result: Result) -> list[str]:
     for table in result.outcome.tables:
         lines += [render_table(table), ""]
     lines += [f"- {note}" for note in result.outcome.notes]
-    lines += [f"- Took {result.elapsed_s:.1f} s.", ""]
+    load = ""
+    if result.load_before is not None and result.load_after is not None:
+        load = (
+            f"; 1-minute load average {result.load_before:.2f} before, "
+            f"{result.load_after:.2f} after"
+        )
+    lines += [f"- Took {result.elapsed_s:.1f} s{load}.", ""]
     return lines
 
 
@@ -99,6 +105,8 @@ def render_json(
                 "number": r.scenario.number,
                 "title": r.scenario.title,
                 "elapsed_s": r.elapsed_s,
+                "load_before": r.load_before,
+                "load_after": r.load_after,
                 "not_measured": r.not_measured,
                 "failure": r.failure,
                 "tables": [

@@ -6,20 +6,11 @@ shows even when a scenario cannot run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from benchmarks.harness import Scenario
 
-from benchmarks.harness import Context, NotMeasured, Outcome, Scenario
-
-from . import ping
+from . import latency, memory, ping, reconcile, scan, snapshot
 
 __all__ = ["SCENARIOS", "by_number"]
-
-
-def _pending(feature: str) -> Callable[[Context], Outcome]:
-    def run(ctx: Context) -> Outcome:
-        raise NotMeasured(f"{feature} has not landed in this tree")
-
-    return run
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -32,21 +23,21 @@ SCENARIOS: tuple[Scenario, ...] = (
             ">= 100x faster than the naive p50",
             "p50 growth 1k -> 100k <= 1.5x",
         ),
-        run=_pending("the reader (sessions.snapshot)"),
+        run=snapshot.run,
     ),
     Scenario(
         number=2,
         title="cold scan at 10k and 100k receipts",
         baseline="`find HOME -name '*.json' -exec cat {} + >/dev/null`",
         targets=("<= 3x the find+cat time",),
-        run=_pending("the reader"),
+        run=scan.run_cold,
     ),
     Scenario(
         number=3,
         title="one changed receipt among 100k -> next observation",
         baseline="the cold scan (scenario 2)",
         targets=(">= 100x cheaper than the cold scan",),
-        run=_pending("the reader"),
+        run=scan.run_change,
     ),
     Scenario(
         number=4,
@@ -56,14 +47,14 @@ SCENARIOS: tuple[Scenario, ...] = (
             "receipt written -> visible in sessions.snapshot: p99 <= 50 ms",
             "process killed -> gone: report what sampling gives",
         ),
-        run=_pending("the reader (sessions.snapshot)"),
+        run=latency.run,
     ),
     Scenario(
         number=5,
         title="reconcile of a generated 100 MB trace",
         baseline="`grep -c shell_detached` on the same file",
         targets=("<= 3x grep",),
-        run=_pending("reconcile (session.reconcile)"),
+        run=reconcile.run,
     ),
     Scenario(
         number=6,
@@ -77,7 +68,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         title="daemon RSS at 100k receipts",
         baseline="—",
         targets=("<= 1 KiB per retained receipt",),
-        run=_pending("the reader"),
+        run=memory.run,
     ),
 )
 
