@@ -6,7 +6,9 @@ server's interpreter. It uses one thread and ``epoll`` (``selectors``), sends
 pre-encoded request bytes, and counts a reply when its ``\\n`` arrives: about
 as cheap as a Python client gets. It prints one JSON object on stdout::
 
-    {"requests": int, "elapsed_s": float, "p50_s": float, "p99_s": float}
+    {"requests": int, "elapsed_s": float, "p50_s": float, "p99_s": float, "total": int}
+
+``total`` counts every reply, warm-up and drain included.
 
 Replies during the warm-up are not counted; requests still in flight at the
 end are answered but not counted.
@@ -42,6 +44,7 @@ class LoadResult:
     elapsed_s: float
     p50_s: float
     p99_s: float
+    total: int
 
     @property
     def per_s(self) -> float:
@@ -99,6 +102,7 @@ def run_load(
     measure_from = now + warmup_s
     measure_until = measure_from + duration_s
     latencies: list[float] = []
+    total = 0
     sending = True
     in_flight = clients
     while in_flight:
@@ -113,6 +117,7 @@ def run_load(
                 continue
             _check_reply(conn, bytes(conn.buffer[:end]), expect)
             del conn.buffer[: end + 1]
+            total += 1
             now = clock()
             if measure_from <= conn.sent_at and now <= measure_until:
                 latencies.append(now - conn.sent_at)
@@ -133,6 +138,7 @@ def run_load(
         elapsed_s=duration_s,
         p50_s=percentile(latencies, 50),
         p99_s=percentile(latencies, 99),
+        total=total,
     )
 
 
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 "elapsed_s": result.elapsed_s,
                 "p50_s": result.p50_s,
                 "p99_s": result.p99_s,
+                "total": result.total,
             }
         )
     )

@@ -5,6 +5,10 @@ Both servers run as their own processes; the load comes from a third
 is the same. Rounds alternate between the two servers (echo, daemon, echo,
 daemon, ...) so that drift in the machine's speed hits both alike; each
 cell is the median over the rounds.
+
+Beside requests/s, each server's CPU time per request (user + system, from
+the kernel's accounting, over the whole load run) is shown: it is less
+sensitive than throughput to other work on the machine.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from benchmarks.daemon import DaemonProcess, wait_for_socket
 from benchmarks.harness import ROOT, Context, Outcome, Table, Verdict, judge
@@ -29,7 +36,18 @@ PONG = '"pong":true'
 ECHO_EXPECT = '"method":"ping"'
 
 
-def _load(ctx: Context, socket_path: Path, clients: int, *, expect: str) -> LoadResult:
+@dataclass(frozen=True, slots=True)
+class _Run:
+    load: LoadResult
+    cpu_per_request_s: float
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def _load(ctx: Context, socket_path: Path, server_pid: int, clients: int, expect: str) -> _Run:
     command = [
         sys.executable,
         "-m",
@@ -46,23 +64,32 @@ def _load(ctx: Context, socket_path: Path, clients: int, *, expect: str) -> Load
         "--expect",
         expect,
     ]
+    cpu_before = _cpu_s(server_pid)
     done = subprocess.run(
         command, capture_output=True, text=True, check=False, timeout=120, cwd=ROOT
     )
+    cpu_s = _cpu_s(server_pid) - cpu_before
     if done.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{done.stderr}")
-    fields = json.loads(done.stdout)
-    return LoadResult(
-        requests=fields["requests"],
-        elapsed_s=fields["elapsed_s"],
-        p50_s=fields["p50_s"],
-        p99_s=fields["p99_s"],
-    )
+    load = LoadResult(**json.loads(done.stdout))
+    return _Run(load, cpu_s / load.total)
 
 
-def _median(results: list[LoadResult]) -> LoadResult:
-    by_rate = sorted(results, key=lambda r: r.per_s)
+def _median(runs: list[_Run]) -> _Run:
+    by_rate = sorted(runs, key=lambda r: r.load.per_s)
     return by_rate[len(by_rate) // 2]
+
+
+def _row(clients: int, ours: _Run, base: _Run) -> list[str]:
+    return [
+        str(clients),
+        fmt_count(ours.load.per_s),
+        fmt_count(base.load.per_s),
+        fmt_ratio(ours.load.per_s / base.load.per_s),
+        f"{fmt_s(ours.load.p50_s)} / {fmt_s(ours.load.p99_s)}",
+        f"{fmt_s(base.load.p50_s)} / {fmt_s(base.load.p99_s)}",
+        f"{fmt_s(ours.cpu_per_request_s)} / {fmt_s(base.cpu_per_request_s)}",
+    ]
 
 
 def run(ctx: Context) -> Outcome:
@@ -81,27 +108,18 @@ def run(ctx: Context) -> Outcome:
         wait_for_socket(echo_socket, echo, timeout_s=10.0, ping=False)
         with DaemonProcess(scratch / "home", scratch / "d.sock") as daemon:
             for clients in CONCURRENCY:
-                daemon_runs: list[LoadResult] = []
-                echo_runs: list[LoadResult] = []
+                daemon_runs: list[_Run] = []
+                echo_runs: list[_Run] = []
                 for _ in range(rounds):
-                    echo_runs.append(_load(ctx, echo_socket, clients, expect=ECHO_EXPECT))
-                    daemon_runs.append(_load(ctx, daemon.socket_path, clients, expect=PONG))
+                    echo_runs.append(_load(ctx, echo_socket, echo.pid, clients, ECHO_EXPECT))
+                    daemon_runs.append(_load(ctx, daemon.socket_path, daemon.pid, clients, PONG))
                 ours, base = _median(daemon_runs), _median(echo_runs)
-                ratio = ours.per_s / base.per_s
+                ratio = ours.load.per_s / base.load.per_s
                 ctx.log(
-                    f"6: {clients} clients: daemon {ours.per_s:,.0f}/s, "
-                    f"echo {base.per_s:,.0f}/s ({ratio:.2f}x)"
+                    f"6: {clients} clients: daemon {ours.load.per_s:,.0f}/s, "
+                    f"echo {base.load.per_s:,.0f}/s ({ratio:.2f}x)"
                 )
-                rows.append(
-                    [
-                        str(clients),
-                        fmt_count(ours.per_s),
-                        fmt_count(base.per_s),
-                        fmt_ratio(ratio),
-                        f"{fmt_s(ours.p50_s)} / {fmt_s(ours.p99_s)}",
-                        f"{fmt_s(base.p50_s)} / {fmt_s(base.p99_s)}",
-                    ]
-                )
+                rows.append(_row(clients, ours, base))
                 verdicts.append(
                     judge(
                         f">= {TARGET_RATIO}x the echo server ({clients} clients)",
@@ -116,10 +134,11 @@ def run(ctx: Context) -> Outcome:
         columns=[
             "clients",
             "daemon ping/s",
-            "echo server lines/s",
+            "echo lines/s",
             "ratio",
             "daemon p50 / p99",
             "echo p50 / p99",
+            "server CPU per request: daemon / echo",
         ],
         rows=rows,
     )
