@@ -90,9 +90,15 @@ class AsyncClient:
         """``reader.rescan``: the next observation walks the home from scratch."""
         return await self._call(_core.rescan())
 
-    async def call_raw(self, method: str, params: dict[str, Any] | None = None) -> bytes:
-        """Call any method; the result exactly as it came over the wire (JSON bytes)."""
-        return bytes(await self._roundtrip(Call(method, params, Any)))
+    async def call_raw(
+        self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
+    ) -> bytes:
+        """Call any method; the result exactly as it came over the wire (JSON bytes).
+
+        ``min_timeout_s`` raises the client's timeout for this call (as the
+        typed methods do for calls the daemon may hold, such as a reconcile).
+        """
+        return bytes(await self._roundtrip(Call(method, params, Any, min_timeout_s)))
 
     async def _call(self, call: Call[T]) -> T:
         return ClientCore.decode(call, await self._roundtrip(call))

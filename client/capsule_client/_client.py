@@ -91,9 +91,15 @@ class Client:
         """``reader.rescan``: the next observation walks the home from scratch."""
         return self._call(_core.rescan())
 
-    def call_raw(self, method: str, params: dict[str, Any] | None = None) -> bytes:
-        """Call any method; the result exactly as it came over the wire (JSON bytes)."""
-        return bytes(self._roundtrip(Call(method, params, Any)))
+    def call_raw(
+        self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
+    ) -> bytes:
+        """Call any method; the result exactly as it came over the wire (JSON bytes).
+
+        ``min_timeout_s`` raises the client's timeout for this call (as the
+        typed methods do for calls the daemon may hold, such as a reconcile).
+        """
+        return bytes(self._roundtrip(Call(method, params, Any, min_timeout_s)))
 
     def _call(self, call: Call[T]) -> T:
         return ClientCore.decode(call, self._roundtrip(call))

@@ -26,6 +26,7 @@ from .protocol import (
     Response,
     StatusResult,
 )
+from .trace import DEFAULT_LOCK_TIMEOUT_S
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Call", "ClientCore"]
 
@@ -35,6 +36,8 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S: Final = 5.0
 #: Extra seconds a client waits beyond a server-side ``timeout_ms``.
 _SERVER_WAIT_MARGIN_S: Final = 2.0
+#: Seconds a reconcile may scan once it holds the trace's lock (a 1 GB trace takes ~2-5 s).
+_RECONCILE_SCAN_ALLOWANCE_S: Final = 10.0
 
 _encoder: Final = msgspec.json.Encoder()
 _response: Final = msgspec.json.Decoder(Response)
@@ -103,7 +106,9 @@ def snapshot(
 
 def reconcile(from_session: str, this_session: str, context_id: str) -> Call[LostReport | None]:
     params = {"from_session": from_session, "this_session": this_session, "context_id": context_id}
-    return Call("session.reconcile", params, LostReport | None)
+    # The daemon may wait this long for the trace's lock, then scan: don't give up first.
+    wait_s = DEFAULT_LOCK_TIMEOUT_S + _RECONCILE_SCAN_ALLOWANCE_S
+    return Call("session.reconcile", params, LostReport | None, min_timeout_s=wait_s)
 
 
 def rescan() -> Call[RescanResult]:

@@ -13,12 +13,14 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
+from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
 from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
-from .protocol import StatusResult
+from .protocol import LostReport, StatusResult
 
 __all__ = ["main"]
 
@@ -84,6 +86,61 @@ def render_status(status: StatusResult) -> str:
     return "\n".join(f"{key + ':':<{width + 1}} {value}" for key, value in rows)
 
 
+def _reconcile(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    call = _core.reconcile(args.from_session, args.this_session, args.context_id)
+    if args.json:
+        _print_json(
+            out, client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)
+        )
+        return EXIT_OK
+    report = client.reconcile(args.from_session, args.this_session, args.context_id)
+    print(render_reconcile(args.from_session, report), file=out)
+    return EXIT_OK
+
+
+def render_reconcile(from_session: str, report: LostReport | None) -> str:
+    """A ``session.reconcile`` result for people: a heading and one row per lost work."""
+    if report is None:
+        return (
+            f"Nothing to report: session {from_session} has no background command left "
+            "unaccounted (every detached command completed, was abandoned, or was already "
+            "reported lost)."
+        )
+    count = len(report.lost)
+    heading = (
+        f"Session {report.started_in_session} left {count} background "
+        f"command{'' if count == 1 else 's'} unaccounted; now marked lost in its trace.\n"
+        f"task {report.task_id}, trust {report.provenance.trust}, context {report.context_id}"
+    )
+    rows = [("WORK", "DETACHED (UTC)", "BINARY", "COMMAND")]
+    rows.extend(
+        (work.work_id, _detach_time(work.detached_at_ms), work.binary, _one_line(work.command))
+        for work in report.lost
+    )
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    table = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+        + "  "
+        + row[3]
+        for row in rows
+    ]
+    return "\n".join([heading, "", *table])
+
+
+def _detach_time(detached_at_ms: int) -> str:
+    if detached_at_ms == 0:
+        return "unknown"
+    try:
+        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return f"{detached_at_ms} ms"
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
 def _age(unix_s: float) -> str:
     return _duration(max(time.time() - unix_s, 0.0))
 
@@ -106,6 +163,31 @@ def _print_json(out: TextIO, raw: bytes) -> None:
 COMMANDS: dict[str, tuple[Command, str]] = {
     "ping": (_ping, "check that the daemon answers"),
     "status": (_status, "the daemon's state, watcher, last observation and counters"),
+    "reconcile": (
+        _reconcile,
+        "report (once) the background commands a prior session left unaccounted",
+    ),
+}
+
+
+def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("from_session", metavar="FROM", help="the prior session, ses_...")
+    parser.add_argument(
+        "--as",
+        dest="this_session",
+        metavar="THIS",
+        required=True,
+        help="the session resuming it (recorded in the markers; asking again "
+        "with the same THIS returns the same report)",
+    )
+    parser.add_argument(
+        "--context", dest="context_id", metavar="CTX", required=True, help="echoed in the report"
+    )
+
+
+#: Arguments of the commands that take some.
+ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "reconcile": _reconcile_arguments,
 }
 
 
@@ -141,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        command = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        if name in ARGUMENTS:
+            ARGUMENTS[name](command)
     return parser
 
 

@@ -12,15 +12,30 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from capsule_client.protocol import METHOD_PARAMS, NoParams, PingResult, StatusResult
+import anyio
+import structlog
+
+from capsule_client.paths import records_root
+from capsule_client.protocol import (
+    METHOD_PARAMS,
+    LostReport,
+    NoParams,
+    PingResult,
+    ReconcileParams,
+    StatusResult,
+)
 
 from . import __version__
+from .errors import InternalError
 from .jsonrpc import Handler, Method
+from .reconcile import reconcile
 
 if TYPE_CHECKING:
     from .supervisor import Daemon
 
 __all__ = ["Api"]
+
+log = structlog.get_logger("capsuled.api")
 
 
 class Api:
@@ -34,6 +49,7 @@ class Api:
         handlers: dict[str, Handler] = {
             "ping": self.ping,
             "status": self.status,
+            "session.reconcile": self.session_reconcile,
         }
         return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
 
@@ -59,3 +75,43 @@ class Api:
             clients=daemon.server.clients,
             notes=list(daemon.notes),
         )
+
+    async def session_reconcile(self, params: ReconcileParams) -> LostReport | None:
+        """``session.reconcile`` (SPEC §6): mark and report what ``from_session`` left.
+
+        The scan and the append run in a worker thread (:func:`capsuled.reconcile.reconcile`
+        raises the RPC errors: -32602, -32003, -32004, -32603).  Once started,
+        a reconcile is not abandoned on cancellation: its markers and its
+        report belong together.
+
+        Returns:
+            The report, or ``None`` when nothing is lost.
+        """
+        try:
+            report = await anyio.to_thread.run_sync(
+                reconcile,
+                records_root(self.daemon.config.home),
+                params.from_session,
+                params.this_session,
+                params.context_id,
+            )
+        except InternalError as exc:
+            # An expected failure (unreadable trace, failed append): a warning with its cause.
+            log.warning(
+                "reconcile failed",
+                from_session=params.from_session,
+                this_session=params.this_session,
+                error=exc.message,
+                cause=repr(exc.__cause__),
+            )
+            raise
+        if report is not None:
+            log.info(
+                "reconciled lost work",
+                from_session=params.from_session,
+                this_session=params.this_session,
+                task_id=report.task_id,
+                lost=[work.work_id for work in report.lost],
+                trust=report.provenance.trust,
+            )
+        return report
