@@ -81,7 +81,8 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
         written, n = 0, 0
         while written < size_bytes:
             n += 1
-            common = {"event_id": f"evt_{n:09d}", "session_id": SESSION, "timestamp": n}
+            event_id = f"evt_{n:09d}"
+            common: dict[str, Any] = {"event_id": event_id, "session_id": SESSION, "timestamp": n}
             if n % DETACH_EVERY == 0:
                 work_id, command = f"wrk_{n:09d}", _text(rng, 2, 8)
                 line = encode_line(
@@ -100,11 +101,25 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
                 unaccounted.discard(work_id)
                 if rng.random() < 0.8:
                     line = encode_line(
-                        ShellCompleted(**common, work_id=work_id, binary="/bin/sh", command=command)
+                        ShellCompleted(
+                            event_id=event_id,
+                            session_id=SESSION,
+                            timestamp=n,
+                            work_id=work_id,
+                            binary="/bin/sh",
+                            command=command,
+                        )
                     )
                 elif rng.random() < 0.5:
                     line = encode_line(
-                        ShellAbandoned(**common, work_id=work_id, binary="/bin/sh", command=command)
+                        ShellAbandoned(
+                            event_id=event_id,
+                            session_id=SESSION,
+                            timestamp=n,
+                            work_id=work_id,
+                            binary="/bin/sh",
+                            command=command,
+                        )
                     )
                 else:  # members in another order, non-ASCII escaped
                     event = {"work_id": work_id, **common, "event_type": "shell_completed"}
