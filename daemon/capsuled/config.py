@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 from capsule_client.paths import default_home, default_socket
+from capsule_client.protocol import WatcherMode
 
 from . import __version__
+from .watcher import WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]
 
@@ -41,6 +43,8 @@ class Config:
         log_level: lowest level logged, lower case.
         max_connections: connections served at once; more get -32002.
         drain_timeout_s: how long a shutdown waits for in-flight requests.
+        watch: how the home is watched: ``native`` (falls back to polling
+            when a native watch cannot start), ``polling`` or ``off``.
     """
 
     home: Path
@@ -51,6 +55,7 @@ class Config:
     log_level: str = "info"
     max_connections: int = 1024
     drain_timeout_s: float = 5.0
+    watch: WatcherMode = "native"
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -62,6 +67,7 @@ _ENV = {
     "log_format": "CAPSULED_LOG_FORMAT",
     "log_level": "CAPSULED_LOG_LEVEL",
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
+    "watch": "CAPSULED_WATCH",
 }
 
 
@@ -147,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         "connections served at once; more are answered -32002 and closed (default: 1024)",
         metavar="N",
     )
+    add(
+        "--watch",
+        "watch",
+        "how to watch the home for changes: native (inotify, FSEvents; falls back to polling "
+        "when it cannot start), polling, or off (no watch: a full rescan every sample interval) "
+        "(default: native)",
+        metavar="MODE",
+    )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
 
@@ -183,8 +197,12 @@ def parse_args(
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
 
+    watch = (pick("watch") or "native").lower()
+    if watch not in WATCH_MODES:
+        raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
+
     config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
-    overrides: dict[str, object] = {}
+    overrides: dict[str, object] = {"watch": watch}
     if (text := pick("sample_interval")) is not None:
         overrides["sample_interval_s"] = _positive_float("sample interval", text)
     if (text := pick("rescan_interval")) is not None:

@@ -22,9 +22,11 @@ from anyio.abc import TaskStatus
 from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
 
 from .api import Api
+from .changes import ChangeFeed
 from .config import Config
 from .jsonrpc import Dispatcher
 from .server import Server, bind_unix_listener
+from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
 
@@ -47,7 +49,14 @@ class Daemon:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.totals = StatusTotals()
-        self.watcher_mode: WatcherMode = "off"
+        self.feed = ChangeFeed()
+        self.watcher = HomeWatcher(
+            config.home,
+            self.feed,
+            mode=config.watch,
+            off_rescan_interval_s=config.sample_interval_s,
+            rescan_interval_s=config.rescan_interval_s,
+        )
         self.discovery: DiscoveryState | None = None
         self.last_observed_at: float | None = None
         self.last_cost: DiscoveryCost | None = None
@@ -56,6 +65,11 @@ class Daemon:
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(self.dispatcher, max_connections=config.max_connections)
         self._shutdown = anyio.Event()
+
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """What the watcher does now (``status.watcher``): it may have fallen back to polling."""
+        return self.watcher.mode
 
     def _count_request(self, method: str, outcome: int | None) -> None:
         self.totals.requests += 1
@@ -86,6 +100,7 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
+                await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, listener)
                 log.info(
                     "capsuled ready",
