@@ -69,14 +69,21 @@ def summarize(samples_s: Sequence[float]) -> Summary:
     )
 
 
-def time_calls(call: Callable[[], object], n: int) -> list[float]:
-    """Call ``call`` ``n`` times; the wall time of each call in seconds."""
+def time_calls(call: Callable[[], object], n: int, *, max_s: float | None = None) -> list[float]:
+    """Call ``call`` ``n`` times; the wall time of each call in seconds.
+
+    With ``max_s``, stop early once that many seconds have passed (at least
+    one call is made); the caller reports how many samples it got.
+    """
     clock = time.perf_counter
     samples: list[float] = []
+    deadline = None if max_s is None else clock() + max_s
     for _ in range(n):
         started = clock()
         call()
         samples.append(clock() - started)
+        if deadline is not None and started > deadline:
+            break
     return samples
 
 

@@ -72,7 +72,7 @@ def _measure_daemon(ctx: Context, receipts: int, requests: int) -> tuple[Summary
         def one() -> None:
             replies.append(client.request(SNAPSHOT))
 
-        samples = time_calls(one, requests)
+        samples = time_calls(one, requests, max_s=ctx.size(quick=10.0, full=180.0))
         last = msgspec.json.decode(replies[-1])["result"]
     errors = sum(b'"result":' not in reply[:64] for reply in replies)
     if errors:
