@@ -154,7 +154,8 @@ def run(ctx: Context) -> Outcome:
     )
     notes += [
         f"Daemon: {requests} `sessions.snapshot` requests back to back on one connection after "
-        "20 warm-up requests, default `max_age_ms`; timed from send to the reply's last byte.",
+        "20 warm-up requests, default `max_age_ms`; timed from send to the reply's last byte. "
+        f"A size stops early after {ctx.size(quick=10, full=180)} s (n says how many ran).",
         "Every receipt is live, so each answer lists every receipt's process: the reply grows "
         "with the home, and so does the time to encode and send it.",
         "Naive: one psutil sample, walk, `json.loads` and a start-time check per receipt; "
