@@ -29,10 +29,10 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy --strict daemon client benchmarks
 
 # The benchmarks (outside the test suite): full sizes rewrite docs/benchmarks.md.
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-run
 	$(BIN)/python -m benchmarks
 
-bench-quick: $(VENV)/.installed-test
+bench-quick: $(VENV)/.installed-run
 	$(BIN)/python -m benchmarks --quick
 
 clean:
