@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -95,9 +96,15 @@ def _print_result(result: Result) -> None:
         print(f"   [{verdict.status}] {verdict.target}: {verdict.measured}")
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks; see ``python -m benchmarks --help``."""
     args = _parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so daemons and sleep processes are cleaned up.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     if args.list:
         for scenario in SCENARIOS:
             print(f"{scenario.number}. {scenario.title} (baseline: {scenario.baseline})")

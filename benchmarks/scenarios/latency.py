@@ -177,16 +177,18 @@ def run(ctx: Context) -> Outcome:
                 if gone_s is not None:
                     gone[mode].append(gone_s)
             generation = waiter.generation
-    rows = []
+    rows: list[list[str]] = []
     for mode, count in trials.items():
-        rows.append([f"receipt written -> visible ({mode})", _cell(visible[mode], count), count])
-        rows.append([f"process killed -> gone ({mode})", _cell(gone[mode], count), count])
+        rows.append(
+            [f"receipt written -> visible ({mode})", _cell(visible[mode], count), str(count)]
+        )
+        rows.append([f"process killed -> gone ({mode})", _cell(gone[mode], count), str(count)])
         ctx.log(
             f"4: {mode}: visible {_cell(visible[mode], count)}; gone {_cell(gone[mode], count)}"
         )
     table = Table(
         columns=["change", "p50 / p99", "trials"],
-        rows=[[name, cell, str(count)] for name, cell, count in rows],
+        rows=rows,
     )
     polled = _p99(visible["polling"], trials["polling"])
     exits = gone["polling"]
