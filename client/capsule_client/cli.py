@@ -20,7 +20,7 @@ from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
 from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
-from .protocol import LostReport, StatusResult
+from .protocol import ActiveSessionsSnapshot, LostReport, SessionProcess, StatusResult
 
 __all__ = ["main"]
 
@@ -155,6 +155,76 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
 
 
+def _sessions(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        _print_json(out, client.call_raw("sessions.snapshot"))
+        return EXIT_OK
+    print(render_sessions(client.snapshot()), file=out)
+    return EXIT_OK
+
+
+def _rescan(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        _print_json(out, client.call_raw("reader.rescan"))
+        return EXIT_OK
+    client.rescan()
+    print("rescan scheduled: the next observation walks the home from scratch", file=out)
+    return EXIT_OK
+
+
+def _what(process: SessionProcess) -> str:
+    """What a process is, for people: its command, or its provider and input."""
+    if isinstance(process.command, str):
+        return process.command
+    if isinstance(process.provider, str):
+        return process.provider + (
+            f" ({process.input_id})" if isinstance(process.input_id, str) else ""
+        )
+    for value in (process.input_id, process.exec_id, process.receipt):
+        if isinstance(value, str):
+            return value
+    return "registered process"
+
+
+def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
+    """A snapshot as a table for people: sessions and their processes, then the rest.
+
+    Columns: session, kind, pid, age (since the process started), and what
+    it runs (the command, or the provider and input). Then the unowned count,
+    the servers, the discovery state and every gap.
+    """
+    now = time.time() if now_s is None else now_s
+    rows: list[tuple[str, ...]] = [("SESSION", "KIND", "PID", "AGE", "COMMAND / PROVIDER")]
+    for session in snapshot.sessions:
+        name = session.session_id
+        if session.context_id:
+            name += f" [{session.context_id}]"
+        for process in session.processes:
+            age = _duration(max(now - process.started_at, 0.0))
+            rows.append((name, process.kind, str(process.pid), age, _what(process)))
+            name = ""
+    lines = []
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            lines.append("  ".join([*cells, row[4]]).rstrip())
+    else:
+        lines.append("no active sessions")
+    lines.append("")
+    unowned = len(snapshot.unowned)
+    lines.append(f"unowned:   {unowned} live receipt{'s' if unowned != 1 else ''} nobody owns")
+    for server in snapshot.servers:
+        url = f" {server.url}" if isinstance(server.url, str) else ""
+        lines.append(f"server:    pid {server.pid}{url}")
+    lines.append(
+        f"discovery: {snapshot.discovery} (generation {snapshot.generation}, "
+        f"observed {_duration(max(now - snapshot.observed_at, 0.0))} ago)"
+    )
+    lines.extend(f"gap:       {gap}" for gap in snapshot.gaps)
+    return "\n".join(lines)
+
+
 def _print_json(out: TextIO, raw: bytes) -> None:
     out.write(raw.decode())
     out.write("\n")
@@ -163,6 +233,8 @@ def _print_json(out: TextIO, raw: bytes) -> None:
 COMMANDS: dict[str, tuple[Command, str]] = {
     "ping": (_ping, "check that the daemon answers"),
     "status": (_status, "the daemon's state, watcher, last observation and counters"),
+    "sessions": (_sessions, "active sessions with their live processes, unowned count and gaps"),
+    "rescan": (_rescan, "make the next observation walk the home from scratch"),
     "reconcile": (
         _reconcile,
         "report (once) the background commands a prior session left unaccounted",

@@ -18,10 +18,13 @@ import structlog
 from capsule_client.paths import records_root
 from capsule_client.protocol import (
     METHOD_PARAMS,
+    ActiveSessionsSnapshot,
     LostReport,
     NoParams,
     PingResult,
     ReconcileParams,
+    RescanResult,
+    SnapshotParams,
     StatusResult,
 )
 
@@ -49,6 +52,8 @@ class Api:
         handlers: dict[str, Handler] = {
             "ping": self.ping,
             "status": self.status,
+            "sessions.snapshot": self.sessions_snapshot,
+            "reader.rescan": self.reader_rescan,
             "session.reconcile": self.session_reconcile,
         }
         return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
@@ -73,8 +78,25 @@ class Api:
             last_cost=daemon.last_cost,
             totals=daemon.totals,
             clients=daemon.server.clients,
-            notes=list(daemon.notes),
+            notes=[*daemon.notes, *daemon.sessions.notes],
         )
+
+    async def sessions_snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
+
+        An ``unavailable`` observation is answered as a snapshot (not an
+        error): its gaps say why.
+
+        Raises:
+            ShuttingDown: the daemon stopped observing.
+            InternalError: the observation failed on a defect.
+        """
+        return await self.daemon.sessions.snapshot(params)
+
+    async def reader_rescan(self, params: NoParams) -> RescanResult:
+        """``reader.rescan``: the next observation walks the home from scratch."""
+        self.daemon.request_rescan()
+        return RescanResult(scheduled=True)
 
     async def session_reconcile(self, params: ReconcileParams) -> LostReport | None:
         """``session.reconcile`` (SPEC §6): mark and report what ``from_session`` left.

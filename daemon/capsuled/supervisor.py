@@ -1,9 +1,12 @@
 """The supervisor: one anyio task group and the daemon's lifecycle (SPEC §8).
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
-error reaches the caller and "ready" means ready), then waits for a shutdown.
+error reaches the caller and "ready" means ready): session discovery (the
+reader and its sampler, :mod:`capsuled.discovery`), then the server; then it
+waits for a shutdown.
 Shutdown: stop accepting, close idle connections, let in-flight requests
-finish for up to ``drain_timeout_s``, cancel the rest, remove the socket.
+finish for up to ``drain_timeout_s``, cancel the rest (a running observation
+stops between two file reads), remove the socket.
 Signal handlers only set state: one task reads the signals.
 """
 
@@ -22,8 +25,8 @@ from anyio.abc import TaskStatus
 from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
 
 from .api import Api
-from .changes import ChangeFeed
 from .config import Config
+from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, bind_unix_listener
 from .watcher import HomeWatcher
@@ -49,7 +52,13 @@ class Daemon:
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
         self.totals = StatusTotals()
-        self.feed = ChangeFeed()
+        self.sessions = Discovery(
+            config.home,
+            sample_interval_s=config.sample_interval_s,
+            totals=self.totals,
+            watcher_mode=lambda: self.watcher.mode,
+        )
+        self.feed = self.sessions.changes
         self.watcher = HomeWatcher(
             config.home,
             self.feed,
@@ -57,10 +66,7 @@ class Daemon:
             off_rescan_interval_s=config.sample_interval_s,
             rescan_interval_s=config.rescan_interval_s,
         )
-        self.discovery: DiscoveryState | None = None
-        self.last_observed_at: float | None = None
-        self.last_cost: DiscoveryCost | None = None
-        self.notes: list[str] = ["no reader runs yet: sessions are not observed"]
+        self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
         self.server = Server(self.dispatcher, max_connections=config.max_connections)
@@ -80,9 +86,23 @@ class Daemon:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
 
+    @property
+    def discovery(self) -> DiscoveryState | None:
+        """The last observation's state; None before the first."""
+        return self.sessions.state
+
+    @property
+    def last_observed_at(self) -> float | None:
+        return self.sessions.last_observed_at
+
+    @property
+    def last_cost(self) -> DiscoveryCost | None:
+        return self.sessions.last_cost
+
     def request_rescan(self) -> None:
         """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
-        log.info("rescan requested, but no reader runs yet")
+        log.info("rescan requested")
+        self.sessions.request_rescan()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; then drain and clean up.
@@ -100,6 +120,10 @@ class Daemon:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
+                # Discovery first: it is started at once (its first observation
+                # follows), so no request can find it not running. The watcher
+                # owes a rescan when its watch starts.
+                await tg.start(self.sessions.serve)
                 await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, listener)
                 log.info(

@@ -1,0 +1,324 @@
+"""Session discovery in the daemon: the reader, its sampler, ``sessions.snapshot`` (SPEC §5, §7).
+
+:class:`Discovery` owns the :class:`~capsuled.reader.ActiveSessionReader` of
+the home and everything asynchronous around it:
+
+* **single flight**: observations run one at a time, in a worker thread, in
+  Discovery's own task group; a request that arrives while one runs waits for
+  it and shares its result, and a request that gives up does not cancel it;
+* **the sampler**: one settled observation every ``sample_interval_s``, so
+  cached answers stay fresh (the periodic full rescan, the net under silent
+  kernel queue overflows, is owed by the watcher: ``capsuled.watcher``);
+* **answers**: :meth:`Discovery.snapshot` answers from the latest observation
+  when it is young enough and nothing is pending, otherwise observes, and
+  retries ``scanning`` until ``ready`` or the request's deadline; with
+  ``since`` it long-polls for a new generation;
+* **home replaced**: a fresh reader for the path (the generation count goes
+  on), a warning, and ``totals.readers_restarted``.
+
+The watcher feeds :attr:`Discovery.changes` with changed paths under the home
+(as configured or resolved: the reader maps one onto the other) and rescan
+requests; ``watcher_mode`` tells Discovery what it does now. While no watcher
+runs (mode ``off``), every observation owes a full rescan, so answers stay
+right at the cost of a walk each time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from capsule_client.protocol import (
+    ActiveSessionsSnapshot,
+    DiscoveryCost,
+    DiscoveryState,
+    SnapshotParams,
+    StatusTotals,
+    WatcherMode,
+)
+
+from .changes import ChangeFeed
+from .errors import InternalError, ShuttingDown
+from .reader import (
+    GAP_HOME_REPLACED,
+    ActiveSessionReader,
+    Generations,
+    Observation,
+    ObservationCancelled,
+)
+
+__all__ = ["NO_WATCHER_NOTE", "Discovery"]
+
+log = structlog.get_logger("capsuled.discovery")
+
+NO_WATCHER_NOTE: Final = "no watcher runs: every observation walks the home from scratch"
+
+#: Pause between two attempts of an observation that answered ``scanning``.
+_RETRY_PAUSE_S: Final = 0.005
+
+
+class _Flight:
+    """One running observation and whoever waits for it."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.snapshot: ActiveSessionsSnapshot | None = None
+        self.error: BaseException | None = None
+
+
+class Discovery:
+    """The reader of one home, observed one at a time, answering snapshots.
+
+    Args:
+        home: the capsule home (SPEC §2).
+        sample_interval_s: seconds between two sampler observations; also the
+            default ``max_age_ms`` of ``sessions.snapshot``.
+        totals: the daemon's counters; observations, rescans and reader
+            restarts are counted into it.
+        changes: the feed the watcher fills; a new one when omitted.
+        watcher_mode: what the watcher does now (``native``, ``polling`` or
+            ``off``), asked before each use; ``off`` when omitted.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        *,
+        sample_interval_s: float = 1.0,
+        totals: StatusTotals | None = None,
+        changes: ChangeFeed | None = None,
+        watcher_mode: Callable[[], WatcherMode] = lambda: "off",
+    ) -> None:
+        self.sample_interval_s = sample_interval_s
+        self.totals = StatusTotals() if totals is None else totals
+        self.changes = ChangeFeed() if changes is None else changes
+        self._watcher_mode = watcher_mode
+        self.first_observation = anyio.Event()
+        self._requested_home = home
+        self._cancel = threading.Event()
+        self._generations = Generations()
+        self._reader = self._new_reader()
+        self._latest: ActiveSessionsSnapshot | None = None
+        self._latest_at = 0.0  # monotonic
+        self._flight: _Flight | None = None
+        self._published = anyio.Event()
+        self._tg: TaskGroup | None = None
+
+    # ----------------------------------------------------------------------
+    # State for status
+
+    @property
+    def home(self) -> Path:
+        """The home as the reader sees it: absolute, symlinks resolved."""
+        return self._reader.home
+
+    @property
+    def latest(self) -> ActiveSessionsSnapshot | None:
+        """The latest observation's answer, None before the first."""
+        return self._latest
+
+    @property
+    def state(self) -> DiscoveryState | None:
+        """The latest observation's ``discovery``, None before the first."""
+        return None if self._latest is None else self._latest.discovery
+
+    @property
+    def last_cost(self) -> DiscoveryCost | None:
+        return None if self._latest is None else self._latest.cost
+
+    @property
+    def last_observed_at(self) -> float | None:
+        return None if self._latest is None else self._latest.observed_at
+
+    @property
+    def notes(self) -> list[str]:
+        """Plain-language remarks for ``status``."""
+        notes = [] if self._latest is not None else ["no observation yet"]
+        if self.watcher_mode == "off":
+            notes.append(NO_WATCHER_NOTE)
+        return notes
+
+    @property
+    def watcher_mode(self) -> WatcherMode:
+        """What feeds :attr:`changes` now: ``native``, ``polling`` or ``off`` (nothing)."""
+        return self._watcher_mode()
+
+    def request_rescan(self) -> None:
+        """The next observation walks from scratch (``reader.rescan``, SIGHUP)."""
+        self.changes.request_rescan()
+
+    # ----------------------------------------------------------------------
+    # The service
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the sampler until cancelled.
+
+        Reports started as soon as observations can be requested; the first
+        observation follows (``first_observation`` is set once it is done).
+        On the way out, a running observation is cancelled between two reads.
+        """
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                try:
+                    await self._sample_forever()
+                except BaseException:
+                    self.stop()  # before the task group waits for a running observation
+                    raise
+        finally:
+            self._tg = None
+            self.stop()
+
+    def stop(self) -> None:
+        """Cancel the running observation between two reads; refuse new ones."""
+        self._cancel.set()
+
+    async def _sample_forever(self) -> None:
+        while True:
+            try:
+                await self._settle(time.monotonic() + self.sample_interval_s)
+            except InternalError:
+                pass  # logged with its traceback where it happened
+            except ShuttingDown:
+                await anyio.sleep_forever()  # stopped: wait to be cancelled
+            self.first_observation.set()
+            await anyio.sleep(self.sample_interval_s)
+
+    async def observe(self) -> ActiveSessionsSnapshot:
+        """One observation, shared with every caller that asks while it runs.
+
+        Raises:
+            ShuttingDown: the daemon is stopping (or :meth:`serve` is not running).
+            InternalError: the observation failed on a defect (logged with its traceback).
+        """
+        flight = self._flight
+        if flight is None:
+            if self._tg is None or self._cancel.is_set():
+                raise ShuttingDown("shutting down: sessions are no longer observed")
+            flight = self._flight = _Flight()
+            self._tg.start_soon(self._fly, flight)
+        await flight.done.wait()
+        if flight.snapshot is not None:
+            return flight.snapshot
+        if flight.error is None or isinstance(flight.error, ObservationCancelled):
+            raise ShuttingDown("shutting down: the observation was cancelled")
+        raise InternalError(f"observation failed: {flight.error!r}") from flight.error
+
+    async def _fly(self, flight: _Flight) -> None:
+        try:
+            if self.watcher_mode == "off":
+                self.changes.request_rescan()
+            reader = self._reader
+            observation = await anyio.to_thread.run_sync(reader.observe)
+            self._count(observation)
+            if observation.home_replaced and reader is self._reader:
+                self._restart_reader(observation)
+            flight.snapshot = observation.snapshot
+            self._publish(observation.snapshot)
+        except ObservationCancelled as exc:
+            flight.error = exc
+        except Exception as exc:
+            log.exception("observation failed")
+            flight.error = exc
+        finally:
+            self._flight = None
+            flight.done.set()
+
+    def _count(self, observation: Observation) -> None:
+        self.totals.observations += 1
+        self.totals.rescans += observation.snapshot.cost.rescans
+
+    def _new_reader(self) -> ActiveSessionReader:
+        return ActiveSessionReader(
+            self._requested_home,
+            self.changes,
+            cancel=self._cancel,
+            generations=self._generations,
+        )
+
+    def _restart_reader(self, observation: Observation) -> None:
+        self.totals.readers_restarted += 1
+        log.warning(
+            "home directory was replaced or removed; starting a fresh reader",
+            home=str(self._requested_home),
+            gaps=observation.snapshot.gaps,
+        )
+        self._reader = self._new_reader()
+
+    def _publish(self, snapshot: ActiveSessionsSnapshot) -> None:
+        previous = self._latest
+        if snapshot.discovery == "unavailable" and (
+            previous is None
+            or previous.discovery != "unavailable"
+            or previous.gaps != snapshot.gaps
+        ):
+            log.warning("session discovery unavailable", gaps=snapshot.gaps)
+        elif snapshot.discovery == "ready" and previous and previous.discovery == "unavailable":
+            log.info("session discovery ready again")
+        self._latest = snapshot
+        self._latest_at = time.monotonic()
+        if previous is None or previous.generation != snapshot.generation:
+            published, self._published = self._published, anyio.Event()
+            published.set()
+
+    async def _settle(self, deadline: float) -> ActiveSessionsSnapshot:
+        """Observe until the answer is not ``scanning`` (nor a home just replaced),
+        or ``deadline`` (monotonic) passes; return the last answer."""
+        while True:
+            snapshot = await self.observe()
+            retry = snapshot.discovery == "scanning" or snapshot.gaps == [GAP_HOME_REPLACED]
+            if not retry or time.monotonic() >= deadline:
+                return snapshot
+            await anyio.sleep(_RETRY_PAUSE_S)
+
+    # ----------------------------------------------------------------------
+    # sessions.snapshot
+
+    def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
+        latest = self._latest
+        if (
+            latest is None
+            or latest.discovery == "scanning"
+            or time.monotonic() - self._latest_at >= max_age_s
+            or (self.watcher_mode != "off" and self.changes)
+        ):
+            return None
+        return latest
+
+    async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """Answer ``sessions.snapshot`` (SPEC §7).
+
+        From the latest observation if it is younger than ``max_age_ms``
+        (default: the sample interval) and nothing is pending; otherwise a new
+        observation (shared), retried while ``scanning`` until ``ready`` or
+        ``timeout_ms``. With ``since``: at once if the generation differs,
+        else wait for a new one up to ``timeout_ms``. An ``unavailable``
+        answer is returned as it is, its gaps saying why.
+        """
+        deadline = time.monotonic() + params.timeout_ms / 1000
+        max_age_s = (
+            self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
+        )
+        answer = self._fresh(max_age_s) or await self._settle(deadline)
+        if params.since is not None:
+            answer = await self._wait_for_change(params.since, answer, deadline)
+        return msgspec.structs.replace(answer, task=params.task)
+
+    async def _wait_for_change(
+        self, since: int, answer: ActiveSessionsSnapshot, deadline: float
+    ) -> ActiveSessionsSnapshot:
+        with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
+            while answer.generation == since or answer.discovery == "scanning":
+                await self._published.wait()
+                assert self._latest is not None
+                answer = self._latest
+        return answer

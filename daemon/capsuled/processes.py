@@ -1,0 +1,102 @@
+"""The process sample: which processes run now, and since when (SPEC §3 liveness).
+
+One sample per observation decides liveness for every receipt in it. A
+sample maps pid → start time (Unix seconds, float); zombies are left out
+because a zombie is not live.
+
+On Linux the sample reads ``/proc/<pid>/stat`` directly: measured with 73
+processes, 0.9-1.4 ms against 7.8-8.1 ms for
+``psutil.process_iter(["pid", "create_time", "status"])`` after
+``process_iter.cache_clear()``, with identical start times (both compute
+``btime + starttime / CLK_TCK``). Elsewhere psutil is used, with its
+per-pid cache cleared first: ``process_iter`` keeps ``Process`` objects by
+pid, and after a pid is reused it returned the old process's
+``create_time`` (LIBRARY-FACTS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import TypeAlias
+
+import psutil
+
+from capsule_client.receipts import linux_boot_time, parse_linux_stat
+
+__all__ = ["ProcessSample", "matches_start", "sample_processes"]
+
+#: pid → start time, Unix seconds.
+ProcessSample: TypeAlias = Mapping[int, float]
+
+#: ``/proc/<pid>/stat`` states that are not live: zombie, dead.
+_NOT_LIVE_STATES = frozenset({"Z", "X", "x"})
+
+
+def matches_start(sample: ProcessSample, pid: int, started_at_s: float, tolerance_s: float) -> bool:
+    """Whether ``pid`` runs in ``sample`` and started within ``tolerance_s`` of ``started_at_s``.
+
+    A pid missing from the sample (no such process, a zombie, a process we
+    may not inspect) is not live; neither is a reused pid whose start time
+    differs (SPEC §3 liveness).
+    """
+    start = sample.get(pid)
+    return start is not None and abs(start - started_at_s) <= tolerance_s
+
+
+def _sample_proc() -> dict[int, float]:
+    boot_time_s = linux_boot_time()
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    sample: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # exited since the listing, or hidden from us
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            state, start = parse_linux_stat(data, boot_time_s, ticks_per_s)
+        except (ValueError, IndexError):
+            continue
+        if state not in _NOT_LIVE_STATES:
+            sample[int(name)] = start
+    return sample
+
+
+def _sample_psutil() -> dict[int, float]:
+    psutil.process_iter.cache_clear()
+    sample: dict[int, float] = {}
+    for process in psutil.process_iter(["create_time", "status"]):
+        info = process.info
+        if info["create_time"] is None or info["status"] in (None, psutil.STATUS_ZOMBIE):
+            continue
+        sample[process.pid] = info["create_time"]
+    return sample
+
+
+def _choose_sampler() -> Callable[[], dict[int, float]]:
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
+        return _sample_proc
+    return _sample_psutil
+
+
+_sampler = _choose_sampler()
+
+
+def sample_processes() -> dict[int, float]:
+    """Take one fresh process sample: pid → start time (Unix seconds), zombies excluded.
+
+    Blocking (reads ``/proc`` or calls psutil); run it in a worker thread.
+
+    Raises:
+        OSError: the process table could not be listed at all.
+    """
+    return _sampler()

@@ -1,0 +1,928 @@
+"""The active-sessions reader: the receipt cache and ``observe`` (seed 004, SPEC §3-§5).
+
+:class:`ActiveSessionReader` keeps, per home, the receipts that parsed and
+were live at their last read (*candidates*), the paths that could not be read
+or parsed (*errors*), the changed paths the watcher reported (*pending*, via a
+:class:`~capsuled.changes.ChangeFeed`) and whether a full *rescan* is owed.
+An *observation* brings that cache up to date against one fresh process
+sample, asks the ownership store who owns the live receipts and processes,
+checks that nothing moved meanwhile, and projects an
+:class:`~capsule_client.protocol.ActiveSessionsSnapshot`.
+
+Everything here blocks (directory walks, file reads, ``/proc``, SQLite): the
+daemon runs :meth:`ActiveSessionReader.observe` in a worker thread, one at a
+time per reader.
+
+Departures from the seed, each allowed by SPEC §5:
+
+* Step 2 re-checks a candidate with ``lstat`` (device, inode, size,
+  ``mtime_ns``, ``ctime_ns``) and re-reads only what changed, so an
+  observation in which nothing changed costs one ``stat`` per candidate and no
+  reads. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
+  moment it was read is re-read anyway, because a later write in the same
+  timestamp tick would leave the same stamps (git's "racy clean" problem).
+  Liveness is always re-evaluated against the fresh sample.
+* A pending path that forces a rescan makes *this* observation walk from
+  scratch, instead of answering ``scanning`` first.
+* Watcher changes that cannot affect the answer (the store, traces under
+  ``sessions/``, ``manifest.json``, hidden files) are dropped, so a busy trace
+  does not keep the answer ``scanning``.
+* The servers registry is kept whole and its entries' liveness is decided
+  against each observation's sample.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeAlias
+
+import msgspec
+
+from capsule_client.paths import store_path
+from capsule_client.protocol import (
+    ActiveSessionsSnapshot,
+    DiscoveryCost,
+    ServerEntry,
+    Session,
+    SessionProcess,
+)
+from capsule_client.receipts import (
+    EXEC_RECEIPT_TOLERANCE_S,
+    MAX_RECEIPT_BYTES,
+    PROVIDER_CLIENT_TOLERANCE_S,
+    SERVER_TOLERANCE_S,
+    ExecReceipt,
+    ProviderClientReceipt,
+    ReceiptError,
+    ServerRegistryEntry,
+    decode_exec_receipt,
+    decode_provider_client_receipt,
+    decode_servers_registry,
+    is_valid_input_id,
+)
+from capsuled.changes import ChangeFeed
+from capsuled.processes import ProcessSample, matches_start, sample_processes
+from capsuled.store import Ownership, OwnershipReader, StoreUnavailable
+
+__all__ = [
+    "GAP_CATCHING_UP",
+    "GAP_HOME_REPLACED",
+    "GAP_MOVED",
+    "GAP_TOO_MANY_ERRORS",
+    "MAX_ERRORS",
+    "MAX_ERROR_BYTES",
+    "PROCESS_TOLERANCE_S",
+    "RACY_WINDOW_NS",
+    "ActiveSessionReader",
+    "Generations",
+    "Observation",
+    "ObservationCancelled",
+]
+
+#: Bounds on unresolved paths; past either, the observation fails (SPEC §5).
+MAX_ERRORS: Final = 4096
+MAX_ERROR_BYTES: Final = 4 * 1024 * 1024
+
+#: A sampled process matches a store row when the start times are this close (SPEC §5).
+PROCESS_TOLERANCE_S: Final = 3.0
+
+#: A file whose mtime/ctime lies less than this before the moment it was read
+#: is re-read at its next check instead of trusting ``stat``. One second covers
+#: every Linux file system's timestamp tick and HFS+'s whole seconds.
+RACY_WINDOW_NS: Final = 1_000_000_000
+
+GAP_TOO_MANY_ERRORS: Final = (
+    "too much unresolved session ownership; repair receipts before retrying"
+)
+GAP_HOME_REPLACED: Final = "home directory was replaced or removed"
+GAP_MOVED: Final = "session ownership changed during observation; reading again"
+GAP_CATCHING_UP: Final = "session discovery is catching up with file-system changes"
+
+_RUNS: Final = "runs"
+_PROVIDER_CLIENTS: Final = "provider-clients"
+_EXEC_PARTS: Final = ("runtime", "exec-processes")
+_SERVERS_PARTS: Final = ("runtime", "opencode-servers.json")
+
+Receipt: TypeAlias = ProviderClientReceipt | ExecReceipt
+_Parts: TypeAlias = tuple[str, ...]
+
+
+class ObservationCancelled(Exception):
+    """The reader's cancel event was set; the observation stopped between two reads.
+
+    The reader owes a rescan afterwards, since its cache may be half updated.
+    """
+
+
+class _Unavailable(Exception):
+    """This observation cannot answer; the message becomes its gap."""
+
+
+class _HomeReplaced(_Unavailable):
+    def __init__(self) -> None:
+        super().__init__(GAP_HOME_REPLACED)
+
+
+class _Kind(enum.Enum):
+    PROVIDER_CLIENT = "provider_client"
+    EXEC = "exec"
+
+
+class _Action(enum.Enum):
+    """What a changed path asks of the cache (seed 004 ``reconcile``)."""
+
+    IGNORE = enum.auto()
+    RESCAN = enum.auto()
+    SERVERS = enum.auto()
+    WALK = enum.auto()
+    PROVIDER_CLIENT = enum.auto()
+    EXEC = enum.auto()
+
+
+def _receipt_kind(parts: _Parts) -> _Kind | None:
+    """The receipt kind of a path under the home, or None if it is not a receipt (SPEC §2)."""
+    name = parts[-1] if parts else ""
+    if not name.endswith(".json") or name.startswith("."):
+        return None
+    if len(parts) == 3 and parts[:2] == _EXEC_PARTS:
+        return _Kind.EXEC
+    if (
+        len(parts) == 5
+        and parts[0] == _RUNS
+        and parts[3] == _PROVIDER_CLIENTS
+        and not parts[1].startswith(".")
+        and not parts[2].startswith(".")
+    ):
+        return _Kind.PROVIDER_CLIENT
+    return None
+
+
+def _walked(parts: _Parts) -> bool:
+    """Whether a directory at ``parts`` is listed by a walk: runs/<run>/<input>/provider-clients."""
+    if parts == _EXEC_PARTS:
+        return True
+    if not parts or parts[0] != _RUNS:
+        return False
+    return len(parts) <= 3 or (len(parts) == 4 and parts[3] == _PROVIDER_CLIENTS)
+
+
+def _action(parts: _Parts | None) -> _Action:
+    """Classify a changed path (relative parts; None when outside the home)."""
+    if parts is None:
+        return _Action.RESCAN
+    if any(part.startswith(".") for part in parts):
+        return _Action.IGNORE
+    if parts in ((), (_RUNS,), ("runtime",), _EXEC_PARTS) or (
+        len(parts) == 2 and parts[0] == _RUNS
+    ):
+        return _Action.RESCAN
+    if parts == _SERVERS_PARTS:
+        return _Action.SERVERS
+    kind = _receipt_kind(parts)
+    if kind is _Kind.EXEC:
+        return _Action.EXEC
+    if kind is _Kind.PROVIDER_CLIENT:
+        return _Action.PROVIDER_CLIENT
+    if parts[0] == _RUNS and _walked(parts):
+        return _Action.WALK
+    return _Action.IGNORE
+
+
+@dataclass(frozen=True, slots=True)
+class _Signature:
+    """What ``stat`` says about a file when it was read; ``stable`` if a re-check may trust it."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    stable: bool
+
+    @classmethod
+    def of(cls, st: os.stat_result, read_ns: int) -> _Signature:
+        newest = max(st.st_mtime_ns, st.st_ctime_ns)
+        return cls(
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            stable=newest < read_ns - RACY_WINDOW_NS,
+        )
+
+    def unchanged(self, st: os.stat_result) -> bool:
+        return self.stable and (
+            self.dev,
+            self.ino,
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        ) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """A receipt that parsed and was live at its last read, projected once.
+
+    ``process`` is what snapshots list (None when the input directory's name
+    is not an input id: then ``gap`` says so); ``key`` is the input id or
+    exec id asked of the store.
+    """
+
+    kind: _Kind
+    receipt: Receipt
+    signature: _Signature
+    process: SessionProcess | None
+    key: str
+    gap: str | None
+
+
+def _candidate(
+    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature, input_dir: str
+) -> _Candidate:
+    if isinstance(receipt, ExecReceipt):
+        process = SessionProcess(
+            kind="exec",
+            pid=receipt.pid,
+            started_at=receipt.started_at,
+            exec_id=receipt.exec_id,
+            command=msgspec.UNSET if receipt.command is None else receipt.command,
+            receipt=relative,
+        )
+        return _Candidate(kind, receipt, signature, process, receipt.exec_id, None)
+    input_id = relative.split(os.sep)[2]
+    if not is_valid_input_id(input_id):
+        gap = (
+            f"{input_dir}: {input_id!r} is not an input id"
+            " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
+        )
+        return _Candidate(kind, receipt, signature, None, input_id, gap)
+    process = SessionProcess(
+        kind="provider_client",
+        pid=receipt.pid,
+        started_at=round(receipt.started_at_s),
+        input_id=input_id,
+        provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
+        receipt=relative,
+    )
+    return _Candidate(kind, receipt, signature, process, input_id, None)
+
+
+@dataclass(slots=True)
+class _Error:
+    message: str
+    kind: _Kind | None  # None for a directory or the servers registry
+    signature: _Signature | None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one :meth:`ActiveSessionReader.observe` produced.
+
+    Attributes:
+        snapshot: the answer, its ``generation`` stamped by the reader's
+            :class:`Generations`.
+        home_replaced: the home was replaced or removed since the reader
+            started; the caller should make a fresh reader for the path
+            (passing this reader's ``generations``), log a warning and count it.
+    """
+
+    snapshot: ActiveSessionsSnapshot
+    home_replaced: bool = False
+
+
+class Generations:
+    """Numbers successive answers: one more each time the answer differs (SPEC §7).
+
+    The answer is ``sessions``, ``unowned``, ``servers``, ``discovery`` and
+    ``gaps``; ``observed_at``, ``task`` and ``cost`` do not count. Kept apart
+    from the reader so that a fresh reader (after the home was replaced)
+    continues the count.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._previous: tuple[object, ...] | None = None
+
+    @property
+    def current(self) -> int:
+        """The generation of the latest answer stamped; 0 before the first."""
+        with self._lock:
+            return self._generation
+
+    def stamp(self, snapshot: ActiveSessionsSnapshot) -> ActiveSessionsSnapshot:
+        """Return ``snapshot`` with its generation set, bumping it if the answer changed."""
+        answer = (
+            snapshot.sessions,
+            snapshot.unowned,
+            snapshot.servers,
+            snapshot.discovery,
+            snapshot.gaps,
+        )
+        with self._lock:
+            if answer != self._previous:
+                self._generation += 1
+                self._previous = answer
+            return msgspec.structs.replace(snapshot, generation=self._generation)
+
+
+def _describe(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+class ActiveSessionReader:
+    """The incremental receipt cache of one home (seed 004 ``ActiveSessionReader``).
+
+    Args:
+        home: the capsule home; resolved to an absolute path without symlinks
+            (give the watcher :attr:`home`, so that its paths match).
+        changes: the feed the watcher fills with changed paths and rescan
+            requests; a fresh, empty one when omitted.
+        ownership: the store reader; ``<home>/capsule.db`` when omitted.
+        cancel: when set, the running observation stops before its next file
+            read and raises :class:`ObservationCancelled`.
+        generations: the answer counter to continue; a new one when omitted.
+
+    The first observation walks from scratch.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        changes: ChangeFeed | None = None,
+        *,
+        ownership: OwnershipReader | None = None,
+        cancel: threading.Event | None = None,
+        generations: Generations | None = None,
+    ) -> None:
+        self.home = Path(home).resolve()
+        self._home = str(self.home)
+        # The home as given, if symlinks made it differ: a watcher given that
+        # path reports changes under it.
+        self._alias = os.path.abspath(home) if os.path.abspath(home) != self._home else None
+        self.changes = ChangeFeed() if changes is None else changes
+        self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
+        self.generations = Generations() if generations is None else generations
+        self._cancel = threading.Event() if cancel is None else cancel
+        self._uid = os.geteuid()
+        try:
+            self._identity = self._stat_home()
+        except (_Unavailable, OSError):  # reported by the first observation
+            self._identity = None
+        self._candidates: dict[str, _Candidate] = {}
+        self._errors: dict[str, _Error] = {}
+        self._error_bytes = 0
+        self._servers: list[ServerRegistryEntry] = []
+        self._servers_signature: _Signature | None = None
+        self._pending: set[str] = set()
+        self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
+        self._rescan = True
+        self._cost = DiscoveryCost()
+
+    # ----------------------------------------------------------------------
+    # Public surface
+
+    def invalidate(self) -> None:
+        """Owe a full rescan: the next observation walks from scratch (``reader.rescan``)."""
+        self.changes.request_rescan()
+
+    def observe(self, task: str | None = None) -> Observation:
+        """Run one observation (SPEC §5 steps 1-5). Blocking: call it from a worker thread.
+
+        Args:
+            task: echoed in the snapshot.
+
+        Returns:
+            The observation; ``snapshot.discovery`` is ``ready``, ``scanning``
+            (sessions empty, a gap says why; observe again) or ``unavailable``
+            (the gaps say why).
+
+        Raises:
+            ObservationCancelled: the cancel event was set.
+        """
+        self._cost = DiscoveryCost()
+        snapshot = ActiveSessionsSnapshot(
+            home=self._home,
+            observed_at=0.0,
+            generation=0,
+            task=task,
+            discovery="ready",
+            sessions=[],
+            unowned=[],
+            servers=[],
+            gaps=[],
+            cost=self._cost,
+        )
+        home_replaced = False
+        try:
+            self._observe_into(snapshot)
+        except ObservationCancelled:
+            self._rescan = True
+            raise
+        except _Unavailable as exc:
+            self._rescan = True
+            home_replaced = isinstance(exc, _HomeReplaced)
+            self._unavailable(snapshot, str(exc))
+        except StoreUnavailable as exc:
+            self._unavailable(snapshot, str(exc))
+        except OSError as exc:
+            self._rescan = True
+            self._unavailable(snapshot, f"observation failed: {exc}")
+        self._cost.retained = len(self._candidates)
+        snapshot.observed_at = time.time()
+        return Observation(self.generations.stamp(snapshot), home_replaced)
+
+    # ----------------------------------------------------------------------
+    # The observation
+
+    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> None:
+        sample = self._collect()
+        ownership = self._ownership(sample)
+        sessions, unowned, projection_gaps = self._project(sample, ownership)
+        snapshot.sessions = sessions
+        snapshot.unowned = unowned
+        snapshot.servers = self._live_servers(sample)
+        snapshot.gaps = [
+            *ownership.gaps,
+            *projection_gaps,
+            *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
+        ]
+        if self._moved(sample, ownership):
+            snapshot.discovery = "scanning"
+            snapshot.sessions = []
+            snapshot.unowned = []
+            snapshot.gaps.append(GAP_MOVED)
+        elif self._rescan:
+            snapshot.discovery = "scanning"
+            snapshot.sessions = []
+            snapshot.unowned = []
+            snapshot.gaps.append(GAP_CATCHING_UP)
+
+    @staticmethod
+    def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:
+        """No answer: the one gap says why (not the receipt gaps, which may be 4 MiB)."""
+        snapshot.discovery = "unavailable"
+        snapshot.sessions = []
+        snapshot.unowned = []
+        snapshot.servers = []
+        snapshot.gaps = [gap]
+
+    def _collect(self) -> ProcessSample:
+        """Steps 1-2: bring the cache up to date; return the sample liveness is decided on."""
+        self._check_cancelled()
+        self._check_home()
+        self._take_changes()
+        self._cost.dirty_paths = len(self._pending)
+        sample = self._sample()
+        if self._rescan:
+            self._walk_from_scratch(sample)
+            sample = self._sample()
+        else:
+            pending, self._pending = self._pending, set()
+            self._linked_dirs = {}
+            for path in sorted(pending):
+                self._apply(path, sample)
+        self._recheck_all(sample)
+        return sample
+
+    def _sample(self) -> ProcessSample:
+        self._cost.process_samples += 1
+        return sample_processes()
+
+    def _take_changes(self) -> bool:
+        """Move the feed's relevant paths into ``pending`` and its rescan request into
+        ``_rescan``; True if a path that a re-read can cover arrived."""
+        changes = self.changes.drain()
+        self._rescan |= changes.rescan
+        moved = False
+        for raw in changes.paths:
+            path = self._unalias(os.path.normpath(os.fspath(raw)))
+            action = _action(self._parts(path))
+            if action is _Action.RESCAN:
+                self._rescan = True
+            elif action is not _Action.IGNORE:
+                self._pending.add(path)
+                moved = True
+        return moved
+
+    def _walk_from_scratch(self, sample: ProcessSample) -> None:
+        self._cost.rescans += 1
+        self._candidates.clear()
+        self._errors.clear()
+        self._error_bytes = 0
+        self._pending.clear()
+        self._scan(os.path.join(self._home, _RUNS), (_RUNS,), sample)
+        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS, sample)
+        self._read_servers()
+        self._rescan = False
+
+    def _apply(self, path: str, sample: ProcessSample) -> None:
+        """Bring one pending path up to date (seed 004 ``reconcile``)."""
+        parts = self._parts(path)
+        action = _action(parts)
+        if action is _Action.SERVERS:
+            self._read_servers()
+        elif self._through_symlink(path):  # a walk would not have gone there either
+            self._forget(path)
+            self._drop_under(path)
+        elif action in (_Action.PROVIDER_CLIENT, _Action.EXEC):
+            kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
+            self._read_receipt(path, kind, sample)
+        elif action is _Action.WALK and parts is not None:
+            self._scan(path, parts, sample)
+
+    def _through_symlink(self, path: str) -> bool:
+        """Whether a directory between the home and ``path`` is a symlink.
+
+        A watcher may follow symlinks and report paths below them; the walk
+        never does, so neither does a pending read.
+        """
+        parent = os.path.dirname(path)
+        linked = self._linked_dirs.get(parent)
+        if linked is None:
+            linked = self._linked_dirs[parent] = os.path.realpath(parent) != parent
+        return linked
+
+    def _recheck_all(self, sample: ProcessSample) -> None:
+        """Step 2: every candidate and errored receipt against the fresh sample."""
+        receipts = [path for path, error in self._errors.items() if error.kind is not None]
+        for path in [*self._candidates, *receipts]:  # a path is in one of the two
+            self._recheck(path, sample)
+        self._recheck_servers()
+
+    def _moved(self, sample: ProcessSample, ownership: Ownership) -> bool:
+        """Step 4: did candidates, ownership or the file system move during the observation?"""
+        before = self._state()
+        self._recheck_all(sample)
+        moved = self._state() != before
+        moved |= self._ownership(sample) != ownership
+        moved |= self._take_changes()  # a rescan owed is reported apart: catching up
+        return moved
+
+    def _state(self) -> tuple[dict[str, Receipt], dict[str, str]]:
+        return (
+            {path: candidate.receipt for path, candidate in self._candidates.items()},
+            {path: error.message for path, error in self._errors.items()},
+        )
+
+    def _ownership(self, sample: ProcessSample) -> Ownership:
+        inputs: list[str] = []
+        execs: list[str] = []
+        for candidate in self._candidates.values():
+            if candidate.process is None:
+                continue
+            (execs if candidate.kind is _Kind.EXEC else inputs).append(candidate.key)
+        return self.ownership.session_process_ownership(inputs, execs, sample.keys())
+
+    # ----------------------------------------------------------------------
+    # Projection (SPEC §5 step 3)
+
+    def _project(
+        self, sample: ProcessSample, ownership: Ownership
+    ) -> tuple[list[Session], list[SessionProcess], list[str]]:
+        owned: dict[str, list[SessionProcess]] = {}
+        unowned: list[SessionProcess] = []
+        gaps: set[str] = set()
+        for candidate in self._candidates.values():
+            process = candidate.process
+            if process is None:
+                gaps.add(str(candidate.gap))
+                continue
+            by_key = ownership.execs if candidate.kind is _Kind.EXEC else ownership.inputs
+            owner = by_key.get(candidate.key)
+            if owner is None:
+                unowned.append(process)
+            else:
+                owned.setdefault(owner, []).append(process)
+        for pid, rows in ownership.processes.items():
+            for started_at, session_id in rows:
+                if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
+                    owned.setdefault(session_id, []).append(
+                        SessionProcess(kind="process", pid=pid, started_at=started_at)
+                    )
+        sessions = [
+            Session(
+                session_id,
+                ownership.contexts.get(session_id),
+                sorted(owned[session_id], key=_order),
+            )
+            for session_id in sorted(owned)
+        ]
+        return sessions, sorted(unowned, key=_order), sorted(gaps)
+
+    def _live_servers(self, sample: ProcessSample) -> list[ServerEntry]:
+        live = []
+        for entry in self._servers:
+            if entry.opencode_pid not in sample or (
+                entry.started_at is not None
+                and not matches_start(
+                    sample, entry.opencode_pid, entry.started_at, SERVER_TOLERANCE_S
+                )
+            ):
+                continue
+            live.append(
+                ServerEntry(
+                    pid=entry.opencode_pid,
+                    url=msgspec.UNSET if entry.url is None else entry.url,
+                    directory=msgspec.UNSET if entry.directory is None else entry.directory,
+                    started_at=msgspec.UNSET if entry.started_at is None else entry.started_at,
+                )
+            )
+        return sorted(live, key=lambda server: (server.pid, str(server.url)))
+
+    # ----------------------------------------------------------------------
+    # The home
+
+    def _stat_home(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._home)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Unavailable(f"home {self._home} is not a directory")
+        if st.st_uid != self._uid:
+            raise _Unavailable(
+                f"home {self._home} is owned by uid {st.st_uid}, not {self._uid}; refusing it"
+            )
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise _Unavailable(
+                f"home {self._home} is writable by group or others; refusing its receipts"
+            )
+        return st.st_dev, st.st_ino
+
+    def _check_home(self) -> None:
+        """Home identity and strictness (SPEC §3 strictness, §5 home identity)."""
+        try:
+            identity = self._stat_home()
+        except OSError as exc:
+            raise _Unavailable(f"home {self._home} cannot be inspected: {_describe(exc)}") from exc
+        if self._identity is not None and identity != self._identity:
+            raise _HomeReplaced
+        self._identity = identity
+
+    def _unalias(self, path: str) -> str:
+        alias = self._alias
+        if alias is not None and (path == alias or path.startswith(alias + os.sep)):
+            return self._home + path[len(alias) :]
+        return path
+
+    def _parts(self, path: str) -> _Parts | None:
+        if path == self._home:
+            return ()
+        prefix = self._home + os.sep
+        if not path.startswith(prefix):
+            return None
+        return tuple(path[len(prefix) :].split(os.sep))
+
+    # ----------------------------------------------------------------------
+    # Walking and reading
+
+    def _check_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise ObservationCancelled("active session observation cancelled")
+
+    def _scan(self, path: str, parts: _Parts, sample: ProcessSample) -> None:
+        """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
+        self._check_cancelled()
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "a symbolic link", path)
+            entries = os.scandir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            self._drop_under(path)
+            if parts in ((_RUNS,), _EXEC_PARTS) and os.path.islink(path):
+                self._set_error(path, "is a symbolic link; not followed", None, None)
+            return
+        except OSError as exc:
+            self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
+            return
+        self._cost.directories += 1
+        self._clear_error(path)
+        with entries:
+            try:
+                for entry in entries:
+                    self._visit(entry, (*parts, entry.name), sample)
+            except OSError as exc:
+                self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
+
+    def _visit(self, entry: os.DirEntry[str], parts: _Parts, sample: ProcessSample) -> None:
+        if entry.name.startswith("."):
+            return
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if _walked(parts):
+                self._scan(entry.path, parts, sample)
+            return
+        kind = _receipt_kind(parts)
+        if kind is not None:
+            self._read_receipt(entry.path, kind, sample)
+
+    def _drop_under(self, path: str) -> None:
+        prefix = path + os.sep
+        for key in [k for k in self._candidates if k.startswith(prefix)]:
+            del self._candidates[key]
+        for key in [k for k in self._errors if k == path or k.startswith(prefix)]:
+            self._clear_error(key)
+
+    def _forget(self, path: str) -> None:
+        self._candidates.pop(path, None)
+        self._clear_error(path)
+
+    def _read_receipt(self, path: str, kind: _Kind, sample: ProcessSample) -> None:
+        """Read, parse and judge one receipt; a failure is an error for its path, never raised."""
+        self._check_cancelled()
+        self._cost.receipts += 1
+        read_ns = time.time_ns()
+        try:
+            before = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            self._forget(path)
+            return
+        except OSError as exc:
+            self._candidates.pop(path, None)
+            self._set_error(path, f"cannot stat receipt: {_describe(exc)}", kind, None)
+            return
+        try:
+            loaded = self._load(path)
+            if loaded is None:
+                self._forget(path)
+                return
+            data, st = loaded
+            receipt: Receipt = (
+                decode_exec_receipt(data)
+                if kind is _Kind.EXEC
+                else decode_provider_client_receipt(data)
+            )
+        except ReceiptError as exc:
+            self._candidates.pop(path, None)
+            self._set_error(path, str(exc), kind, _Signature.of(before, read_ns))
+            return
+        self._clear_error(path)
+        if _live(receipt, sample):
+            relative = path[len(self._home) + 1 :]
+            input_dir = os.path.dirname(os.path.dirname(path))
+            signature = _Signature.of(st, read_ns)
+            self._candidates[path] = _candidate(relative, kind, receipt, signature, input_dir)
+        else:
+            self._candidates.pop(path, None)
+
+    def _load(self, path: str) -> tuple[bytes, os.stat_result] | None:
+        """Open without following symlinks or blocking; check type, owner and size; read.
+
+        Returns None when the path no longer exists.
+
+        Raises:
+            ReceiptError: a symlink, not a regular file, another user's file,
+                larger than 64 KiB, or unreadable.
+        """
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ReceiptError("is a symbolic link; receipts are not followed") from exc
+            raise ReceiptError(f"cannot open receipt: {_describe(exc)}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ReceiptError("not a regular file")
+            if st.st_uid != self._uid:
+                raise ReceiptError(
+                    f"owned by uid {st.st_uid}, not {self._uid}; another user's receipt is refused"
+                )
+            if st.st_size > MAX_RECEIPT_BYTES:
+                raise ReceiptError(f"{st.st_size} bytes, larger than {MAX_RECEIPT_BYTES}")
+            data = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
+        except OSError as exc:
+            raise ReceiptError(f"cannot read receipt: {_describe(exc)}") from exc
+        finally:
+            os.close(fd)
+        if len(data) > MAX_RECEIPT_BYTES:
+            raise ReceiptError(f"larger than {MAX_RECEIPT_BYTES} bytes")
+        self._cost.bytes += len(data)
+        return data, st
+
+    def _recheck(self, path: str, sample: ProcessSample) -> None:
+        """Re-read a candidate or errored receipt, or trust ``lstat`` if nothing changed."""
+        candidate = self._candidates.get(path)
+        error = self._errors.get(path)
+        kind = candidate.kind if candidate is not None else error.kind if error else None
+        if kind is None:
+            return
+        signature = (
+            candidate.signature if candidate is not None else error.signature if error else None
+        )
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            self._forget(path)
+            return
+        except OSError:
+            st = None
+        if st is not None and signature is not None and signature.unchanged(st):
+            if candidate is not None and not _live(candidate.receipt, sample):
+                del self._candidates[path]
+            return
+        self._read_receipt(path, kind, sample)
+
+    def _read_servers(self) -> None:
+        path = os.path.join(self._home, *_SERVERS_PARTS)
+        self._check_cancelled()
+        self._cost.receipts += 1
+        read_ns = time.time_ns()
+        try:
+            loaded = self._load(path)
+            if loaded is None:
+                self._servers, self._servers_signature = [], None
+                self._clear_error(path)
+                return
+            data, st = loaded
+            self._servers = decode_servers_registry(data)
+            self._servers_signature = _Signature.of(st, read_ns)
+            self._clear_error(path)
+        except ReceiptError as exc:
+            self._servers, self._servers_signature = [], None
+            self._set_error(path, str(exc), None, None)
+
+    def _recheck_servers(self) -> None:
+        path = os.path.join(self._home, *_SERVERS_PARTS)
+        signature = self._servers_signature
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if signature is None and path not in self._errors:
+                return
+            st = None
+        except OSError:
+            st = None
+        if st is not None and signature is not None and signature.unchanged(st):
+            return
+        self._read_servers()
+
+    # ----------------------------------------------------------------------
+    # Errors (bounded, SPEC §5)
+
+    def _set_error(
+        self, path: str, message: str, kind: _Kind | None, signature: _Signature | None
+    ) -> None:
+        self._clear_error(path)
+        self._errors[path] = _Error(message, kind, signature)
+        self._error_bytes += _error_size(path, message)
+        if len(self._errors) > MAX_ERRORS or self._error_bytes > MAX_ERROR_BYTES:
+            raise _Unavailable(GAP_TOO_MANY_ERRORS)
+
+    def _clear_error(self, path: str) -> None:
+        error = self._errors.pop(path, None)
+        if error is not None:
+            self._error_bytes -= _error_size(path, error.message)
+
+
+def _error_size(path: str, message: str) -> int:
+    return len(os.fsencode(path)) + len(message.encode())
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _live(receipt: Receipt, sample: ProcessSample) -> bool:
+    """Liveness of a receipt against one sample (seed 004 ``Receipt::live``)."""
+    if isinstance(receipt, ExecReceipt):
+        return matches_start(sample, receipt.pid, receipt.started_at, EXEC_RECEIPT_TOLERANCE_S)
+    return matches_start(sample, receipt.pid, receipt.started_at_s, PROVIDER_CLIENT_TOLERANCE_S)
+
+
+def _order(process: SessionProcess) -> tuple[str, int, int, str, str, str]:
+    def text(value: str | msgspec.UnsetType) -> str:
+        return "" if isinstance(value, msgspec.UnsetType) else value
+
+    return (
+        process.kind,
+        process.pid,
+        process.started_at,
+        text(process.input_id),
+        text(process.exec_id),
+        text(process.receipt),
+    )

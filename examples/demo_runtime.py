@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""A pretend agent runtime: one session with a provider client and two exec processes.
+
+It uses only the writer kit that ships with the package (``capsule_client``):
+
+1. registers a session, its input and its execs in the ownership store;
+2. starts real background ``sleep`` processes (they outlive this script);
+3. writes a provider-client receipt and exec receipts for them;
+4. prints what it did, and how to watch and kill the processes.
+
+Run it with the same environment as the daemon (``CAPSULE_HOME`` or the
+default home), then ``capsulectl sessions``::
+
+    python examples/demo_runtime.py
+    python examples/demo_runtime.py --home /tmp/capsule-demo --sleep-s 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+from capsule_client.paths import default_home, store_path
+from capsule_client.receipts import (
+    make_private_dirs,
+    write_exec_receipt,
+    write_provider_client_receipt,
+)
+from capsule_client.store import OwnershipStore
+
+
+def start_sleep(seconds: int) -> int:
+    """Start ``sleep`` in its own session, so it outlives this script; return its pid."""
+    process = subprocess.Popen(
+        ["sleep", str(seconds)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return process.pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--home", type=Path, default=None, help="capsule home (default: as capsuled)"
+    )
+    parser.add_argument("--sleep-s", type=int, default=3600, help="how long the processes live")
+    args = parser.parse_args(argv)
+    home: Path = (args.home or default_home()).expanduser().absolute()
+    make_private_dirs(home)
+
+    tag = secrets.token_hex(4)
+    session_id = f"ses_demo_{tag}"
+    input_id = f"inp_demo_{tag}"
+    exec_ids = [f"exe_demo_{tag}_build", f"exe_demo_{tag}_test"]
+
+    with OwnershipStore(store_path(home)) as store:
+        store.register_session(session_id, context_id=f"ctx_demo_{tag}", title="demo session")
+        store.register_input(input_id, session_id)
+        for exec_id in exec_ids:
+            store.register_exec(exec_id, session_id)
+
+    provider_pid = start_sleep(args.sleep_s)
+    receipts = [
+        (
+            "provider client",
+            provider_pid,
+            write_provider_client_receipt(
+                home, f"run_demo_{tag}", input_id, "client", provider_pid, provider="demo"
+            ),
+        )
+    ]
+    for exec_id in exec_ids:
+        pid = start_sleep(args.sleep_s)
+        command = f"sleep {args.sleep_s}  # {exec_id.rsplit('_', 1)[-1]}"
+        receipts.append(("exec", pid, write_exec_receipt(home, exec_id, pid, command=command)))
+
+    print(f"home:     {home}")
+    print(f"store:    {store_path(home)}")
+    print(f"session:  {session_id} (input {input_id}, execs {', '.join(exec_ids)})")
+    for kind, pid, path in receipts:
+        print(f"started:  {kind:<15} pid {pid:<7} receipt {path.relative_to(home)}")
+    print()
+    print("See it:   capsulectl sessions")
+    print(f"Kill one: kill {receipts[-1][1]}   (it leaves the snapshot within two samples)")
+    print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

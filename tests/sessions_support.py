@@ -1,0 +1,188 @@
+"""Helpers shared by the reader, store and receipt tests: real processes, real files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from support import wait_until
+
+from capsule_client.paths import store_path
+from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.store import OwnershipStore
+from capsuled.changes import ChangeFeed
+from capsuled.reader import ActiveSessionReader
+from capsuled.store import Ownership, OwnershipReader
+
+DEADLINE_S = 5.0
+
+
+def proc_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``Z`` for a zombie), None if gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return None
+    return data[data.rindex(b")") + 2 :].split()[0].decode()
+
+
+class Sleepers:
+    """Starts real ``sleep`` processes and makes sure they are gone afterwards."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(["sleep", "300"])
+        self.processes.append(process)
+        wait_until(lambda: proc_state(process.pid) == "S", message=f"sleep {process.pid} running")
+        return process
+
+    def kill(self, process: subprocess.Popen[bytes], *, reap: bool = True) -> None:
+        process.send_signal(signal.SIGKILL)
+        if reap:
+            process.wait(timeout=DEADLINE_S)
+        else:
+            wait_until(lambda: proc_state(process.pid) == "Z", message=f"{process.pid} a zombie")
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=DEADLINE_S)
+
+
+@contextmanager
+def sleepers() -> Iterator[Sleepers]:
+    pool = Sleepers()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def make_home(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+class World:
+    """A home with a reader, a change feed, the ownership store and real sleepers."""
+
+    def __init__(self, home: Path, pool: Sleepers) -> None:
+        self.home = make_home(home)
+        self.pool = pool
+        self.feed = ChangeFeed()
+        self.reader = ActiveSessionReader(self.home, self.feed)
+        self.store_path = store_path(self.home)
+
+    def store(self) -> OwnershipStore:
+        return OwnershipStore(self.store_path)
+
+    def own(
+        self,
+        session_id: str,
+        *,
+        inputs: Iterable[str] = (),
+        execs: Iterable[str] = (),
+        pids: Iterable[int] = (),
+        context_id: str | None = None,
+    ) -> None:
+        """Register a session and what it owns, as a runtime would."""
+        with self.store() as store:
+            store.register_session(session_id, context_id=context_id)
+            for input_id in inputs:
+                store.register_input(input_id, session_id)
+            for exec_id in execs:
+                store.register_exec(exec_id, session_id)
+            for pid in pids:
+                store.register_process(pid, session_id)
+
+    def exec_receipt(
+        self,
+        exec_id: str,
+        pid: int,
+        *,
+        command: str | None = None,
+        started_at_s: float | None = None,
+    ) -> Path:
+        return write_exec_receipt(
+            self.home, exec_id, pid, command=command, started_at_s=started_at_s
+        )
+
+    def client_receipt(
+        self,
+        input_id: str,
+        pid: int,
+        *,
+        run: str = "run1",
+        client: str = "c1",
+        provider: str | None = None,
+        started_at_s: float | None = None,
+    ) -> Path:
+        return write_provider_client_receipt(
+            self.home, run, input_id, client, pid, provider=provider, started_at_s=started_at_s
+        )
+
+    def observe(self) -> ActiveSessionsSnapshot:
+        observation = self.reader.observe()
+        assert not observation.home_replaced
+        return observation.snapshot
+
+    def ready(self) -> ActiveSessionsSnapshot:
+        snapshot = self.observe()
+        assert snapshot.discovery == "ready", snapshot.gaps
+        return snapshot
+
+
+def pids(snapshot: ActiveSessionsSnapshot) -> dict[str, list[tuple[str, int]]]:
+    """session id (or "unowned") -> [(kind, pid)] of a snapshot."""
+    out = {s.session_id: [(p.kind, p.pid) for p in s.processes] for s in snapshot.sessions}
+    if snapshot.unowned:
+        out["unowned"] = [(p.kind, p.pid) for p in snapshot.unowned]
+    return out
+
+
+class CheckHook(threading.Event):
+    """A cancel event that runs ``action`` at its ``n``-th check by the reader.
+
+    The reader checks its cancel event before every directory listing and file
+    read, so this lets a test act between two reads of a real observation.
+    """
+
+    def __init__(self, n: int, action: Callable[[], None]) -> None:
+        super().__init__()
+        self.n = n
+        self.action = action
+        self.checks = 0
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        if self.checks == self.n:
+            self.action()
+        return super().is_set()
+
+
+class OwnershipMovingOnce(OwnershipReader):
+    """The real store reader; after its first answer a runtime registers an owner."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world.store_path)
+        self.world = world
+        self.calls = 0
+
+    def session_process_ownership(
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+    ) -> Ownership:
+        answer = super().session_process_ownership(inputs, execs, pids)
+        self.calls += 1
+        if self.calls == 1:
+            self.world.own("ses_late", execs=["exe_1"])
+        return answer

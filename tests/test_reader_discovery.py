@@ -1,0 +1,180 @@
+"""Session discovery in-process (SPEC §5, §7): single flight, cached answers, retries, polls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
+
+from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsuled.discovery import NO_WATCHER_NOTE, Discovery
+from capsuled.errors import ShuttingDown
+from capsuled.reader import ActiveSessionReader
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def pool() -> Iterator[Sleepers]:
+    with sleepers() as pool:
+        yield pool
+
+
+@pytest.fixture
+def world(tmp_path: Path, pool: Sleepers) -> World:
+    return World(tmp_path / "home", pool)
+
+
+@asynccontextmanager
+async def running(discovery: Discovery) -> AsyncIterator[Discovery]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(discovery.serve)
+        await discovery.first_observation.wait()
+        yield discovery
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def discovery(world: World) -> AsyncIterator[Discovery]:
+    # A long sample interval: the sampler observes once, then only requests do.
+    async with running(Discovery(world.home, sample_interval_s=30)) as started:
+        yield started
+
+
+async def snapshot(discovery: Discovery, **params: object) -> ActiveSessionsSnapshot:
+    return await discovery.snapshot(SnapshotParams(**params))  # type: ignore[arg-type]
+
+
+async def test_concurrent_requests_share_one_observation(discovery: Discovery) -> None:
+    before = discovery.totals.observations
+    results: list[ActiveSessionsSnapshot] = []
+
+    async def ask() -> None:
+        results.append(await snapshot(discovery, max_age_ms=0))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(ask)
+    assert discovery.totals.observations == before + 1
+    assert len({id(result.cost) for result in results}) == 1  # one observation's answer
+
+
+async def test_a_young_answer_is_reused_and_max_age_zero_observes(discovery: Discovery) -> None:
+    first = await snapshot(discovery, task="a")
+    again = await snapshot(discovery, task="b")
+    assert again.observed_at == first.observed_at
+    assert (first.task, again.task) == ("a", "b")
+    forced = await snapshot(discovery, max_age_ms=0)
+    assert forced.observed_at > first.observed_at
+
+
+async def test_without_a_watcher_every_observation_walks(
+    discovery: Discovery, world: World
+) -> None:
+    process = world.pool.start()
+    world.exec_receipt("exe_1", process.pid)  # never reported through the feed
+    answer = await snapshot(discovery, max_age_ms=0)
+    assert pids(answer) == {"unowned": [("exec", process.pid)]}
+    assert answer.cost.rescans == 1
+    assert discovery.notes == [NO_WATCHER_NOTE]
+
+
+async def test_with_a_watcher_pending_changes_bypass_the_cache(world: World) -> None:
+    watched = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    async with running(watched) as discovery:
+        assert discovery.notes == []
+        process = world.pool.start()
+        discovery.changes.add([world.exec_receipt("exe_1", process.pid)])
+        answer = await snapshot(discovery, max_age_ms=60_000)
+        assert pids(answer) == {"unowned": [("exec", process.pid)]}
+        assert answer.cost.rescans == 0
+        assert answer.cost.dirty_paths == 1
+        # nothing pending: the young answer is reused
+        assert (await snapshot(discovery, max_age_ms=60_000)).observed_at == answer.observed_at
+
+
+async def test_scanning_is_retried_until_ready(discovery: Discovery, world: World) -> None:
+    process = world.pool.start()
+    world.own("ses_a")
+    world.exec_receipt("exe_1", process.pid)
+    discovery._reader = ActiveSessionReader(
+        world.home, discovery.changes, ownership=OwnershipMovingOnce(world)
+    )
+    before = discovery.totals.observations
+    answer = await snapshot(discovery, max_age_ms=0)
+    assert answer.discovery == "ready"
+    assert pids(answer) == {"ses_late": [("exec", process.pid)]}
+    assert discovery.totals.observations == before + 2
+
+
+async def test_scanning_past_the_deadline_is_answered_as_is(
+    discovery: Discovery, world: World
+) -> None:
+    process = world.pool.start()
+    world.exec_receipt("exe_1", process.pid)
+    discovery._reader = ActiveSessionReader(
+        world.home, discovery.changes, ownership=OwnershipMovingOnce(world)
+    )
+    answer = await snapshot(discovery, max_age_ms=0, timeout_ms=0)
+    assert answer.discovery == "scanning"
+    assert answer.sessions == []
+
+
+async def test_a_replaced_home_gets_a_fresh_reader(
+    discovery: Discovery, world: World, tmp_path: Path
+) -> None:
+    process = world.pool.start()
+    first = await snapshot(discovery, max_age_ms=0)
+    world.home.rename(tmp_path / "old")
+    make_home(world.home)
+    world.exec_receipt("exe_1", process.pid)
+    answer = await snapshot(discovery, max_age_ms=0)
+    assert answer.discovery == "ready"
+    assert pids(answer) == {"unowned": [("exec", process.pid)]}
+    assert discovery.totals.readers_restarted == 1
+    assert answer.generation == first.generation + 2  # unavailable, then this
+
+
+async def test_since_answers_at_once_when_the_generation_differs(discovery: Discovery) -> None:
+    current = await snapshot(discovery)
+    started = time.monotonic()
+    answer = await snapshot(discovery, since=current.generation + 5, timeout_ms=5000)
+    assert time.monotonic() - started < 1
+    assert answer.generation == current.generation
+
+
+async def test_since_waits_for_a_change(world: World) -> None:
+    async with running(Discovery(world.home, sample_interval_s=0.05)) as discovery:
+        current = await snapshot(discovery)
+        process = world.pool.start()
+        answer: list[ActiveSessionsSnapshot] = []
+
+        async def long_poll() -> None:
+            answer.append(await snapshot(discovery, since=current.generation, timeout_ms=5000))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_poll)
+            await anyio.lowlevel.checkpoint()  # the poll is waiting before the receipt is written
+            world.exec_receipt("exe_1", process.pid)
+        assert answer[0].generation == current.generation + 1
+        assert pids(answer[0]) == {"unowned": [("exec", process.pid)]}
+
+
+async def test_since_times_out_with_the_same_generation(discovery: Discovery) -> None:
+    current = await snapshot(discovery)
+    started = time.monotonic()
+    answer = await snapshot(discovery, since=current.generation, timeout_ms=200)
+    assert 0.19 <= time.monotonic() - started < 2
+    assert answer.generation == current.generation
+
+
+async def test_a_stopped_discovery_refuses_to_observe(discovery: Discovery) -> None:
+    discovery.stop()
+    with pytest.raises(ShuttingDown):
+        await snapshot(discovery, max_age_ms=0)
