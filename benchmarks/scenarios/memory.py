@@ -9,7 +9,10 @@ Between two sizes, the slope shows the marginal cost of one more receipt.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from benchmarks.daemon import DaemonProcess
 from benchmarks.harness import Context, Outcome, Table, judge, require_modules
@@ -30,17 +33,34 @@ def _peak_bytes(pid: int) -> int:
     return 0
 
 
-def _measure(ctx: Context, home: Path, receipts: int, name: str) -> tuple[int, int, int]:
-    """(RSS, peak RSS, retained) once the daemon's answer lists every receipt."""
+@dataclass(frozen=True, slots=True)
+class _Memory:
+    rss: int
+    peak: int
+    retained: int
+    idle_cpu: float  # CPU seconds per second while nothing changes
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def _measure(ctx: Context, home: Path, receipts: int, name: str) -> _Memory:
+    """Memory and idle CPU once the daemon's answer lists every receipt."""
     scratch = ctx.scratch(name)
     with (
         DaemonProcess(home, scratch / "d.sock") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
         snapshot = wait_for_answer(client, receipts, timeout_s=ctx.size(quick=30.0, full=600.0))
-        time.sleep(ctx.size(quick=0.2, full=2.0))  # a few sampler observations
-        rss = daemon.rss_bytes()
-        return rss, _peak_bytes(daemon.pid), int(snapshot["cost"]["retained"])
+        settle_s = ctx.size(quick=0.3, full=3.0)
+        cpu_before, started = _cpu_s(daemon.pid), time.monotonic()
+        time.sleep(settle_s)  # sampler observations, nothing changing, no request
+        idle_cpu = (_cpu_s(daemon.pid) - cpu_before) / (time.monotonic() - started)
+        return _Memory(
+            daemon.rss_bytes(), _peak_bytes(daemon.pid), int(snapshot["cost"]["retained"]), idle_cpu
+        )
 
 
 def run(ctx: Context) -> Outcome:
@@ -49,12 +69,23 @@ def run(ctx: Context) -> Outcome:
     sizes = ctx.size(quick=(1000,), full=(10_000, 100_000))
     empty = ctx.workdir / "empty-home"
     empty.mkdir(mode=0o700)
-    floor, floor_peak, _ = _measure(ctx, empty, 0, "memory0")
-    rows = [["0 (empty home)", fmt_bytes(floor), fmt_bytes(floor_peak), "—", "—"]]
+    empty_home = _measure(ctx, empty, 0, "memory0")
+    floor = empty_home.rss
+    rows = [
+        [
+            "0 (empty home)",
+            fmt_bytes(floor),
+            fmt_bytes(empty_home.peak),
+            "—",
+            "—",
+            f"{empty_home.idle_cpu:.0%}",
+        ]
+    ]
     per_receipt: dict[int, float] = {}
     previous: tuple[int, int] | None = None
     for receipts in sizes:
-        rss, peak, retained = _measure(ctx, ctx.home(receipts).home, receipts, f"memory{receipts}")
+        measured = _measure(ctx, ctx.home(receipts).home, receipts, f"memory{receipts}")
+        rss, retained = measured.rss, measured.retained
         per_receipt[receipts] = (rss - floor) / retained
         slope = "—"
         if previous is not None:
@@ -65,9 +96,10 @@ def run(ctx: Context) -> Outcome:
             [
                 fmt_count(retained),
                 fmt_bytes(rss),
-                fmt_bytes(peak),
+                fmt_bytes(measured.peak),
                 fmt_bytes(per_receipt[receipts]),
                 slope,
+                f"{measured.idle_cpu:.0%}",
             ]
         )
     largest = sizes[-1]
@@ -85,13 +117,16 @@ def run(ctx: Context) -> Outcome:
             "peak RSS",
             "(RSS - empty) / retained",
             "slope from the size above",
+            "idle CPU (of one core)",
         ],
         rows=rows,
     )
-    settle_s = ctx.size(quick=0.2, full=2.0)
+    settle_s = ctx.size(quick=0.3, full=3.0)
     notes = [
         "RSS (`VmRSS`) of the daemon process once `sessions.snapshot` is `ready` and lists every "
         f"receipt, then {settle_s} s of sampler observations; peak is `VmHWM`.",
+        f"Idle CPU: the daemon's CPU time over those {settle_s} s, with no request and nothing "
+        "changing, per second of wall time: what the sampler's observations cost.",
         "Every receipt is live, so the latest answer (one process entry per receipt) is part of "
         "what is retained.",
     ]
