@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     output: Path | None = args.output
     if output is None and not args.quick and args.only is None:
         output = DEFAULT_OUTPUT
+    machine = describe_machine(ROOT)  # before the run: the commit that is measured
     workdir = Path(tempfile.mkdtemp(prefix="capb", dir="/tmp"))
     workdir.chmod(0o700)
     ctx = Context(quick=args.quick, workdir=workdir, verbose=not args.quiet)
@@ -122,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     for result in results:
         _print_result(result)
-    machine = describe_machine(ROOT)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(render_markdown(results, machine, quick=args.quick), encoding="utf-8")

@@ -83,10 +83,6 @@ class GeneratedHome:
     directories: int
     bytes: int
 
-    def any_exec_receipt(self) -> Path:
-        """The path of one exec receipt (there is at least one when ``receipts >= 2``)."""
-        return self.home / "runtime" / "exec-processes" / "exe_0000000.json"
-
 
 def _mkdir(path: Path) -> None:
     path.mkdir(mode=0o700)
@@ -163,12 +159,12 @@ def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
         data = encode(receipt_e)
         _write(execs_dir / f"{exec_id}.json", data)
         written += len(data)
-    _fill_store(store_path(home), OwnershipStore, inputs, execs)
+    OwnershipStore(store_path(home)).close()  # the kit creates the schema and user_version
+    _fill_store(store_path(home), inputs, execs)
     return GeneratedHome(home, n, n_provider, n_exec, directories, written)
 
 
-def _fill_store(path: Path, store_type: type, inputs: list[str], execs: list[str]) -> None:
-    store_type(path).close()  # the kit creates the schema and user_version
+def _fill_store(path: Path, inputs: list[str], execs: list[str]) -> None:
     with _connect(path) as db:
         db.executemany(
             "INSERT INTO sessions (session_id, context_id, title, created_at) VALUES (?, ?, ?, ?)",
