@@ -7,12 +7,13 @@ never configures logging.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
 import msgspec
 import structlog
+
+from .service import stderr_is_journal
 
 __all__ = ["configure", "wants_console"]
 
@@ -28,11 +29,12 @@ def wants_console(log_format: str) -> bool:
     """Whether to render for people: asked for, or ``auto`` on a terminal.
 
     ``auto`` means JSON when stderr is not a TTY or goes to the journal
-    (systemd sets ``JOURNAL_STREAM``).
+    (``$JOURNAL_STREAM`` names stderr's device and inode; a value inherited
+    by a shell in a terminal does not count).
     """
     if log_format != "auto":
         return log_format == "console"
-    return sys.stderr.isatty() and not os.environ.get("JOURNAL_STREAM")
+    return sys.stderr.isatty() and not stderr_is_journal()
 
 
 def configure(log_format: str = "auto", level: str = "info") -> None:
@@ -64,5 +66,5 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=factory,
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,
     )

@@ -255,7 +255,7 @@ def _candidate(
             started_at=receipt.started_at,
             exec_id=receipt.exec_id,
             command=msgspec.UNSET if receipt.command is None else receipt.command,
-            receipt=relative,
+            receipt=_wire_text(relative),
         )
         return _Candidate(kind, receipt, signature, process, receipt.exec_id, None)
     input_id = relative.split(os.sep)[2]
@@ -271,7 +271,7 @@ def _candidate(
         started_at=round(receipt.started_at_s),
         input_id=input_id,
         provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
-        receipt=relative,
+        receipt=_wire_text(relative),
     )
     return _Candidate(kind, receipt, signature, process, input_id, None)
 
@@ -337,6 +337,25 @@ class Generations:
 
 def _describe(error: OSError) -> str:
     return error.strerror or str(error)
+
+
+def _wire_text(text: str) -> str:
+    """``text`` that JSON can carry: undecodable file-name bytes spelt ``\\xNN``.
+
+    POSIX names are bytes; Python gives the ones that are not UTF-8 as lone
+    surrogates (``surrogateescape``), which no JSON encoder accepts. A gap or
+    a receipt path naming such a file must still reach the wire (SPEC §3: an
+    error for that path, never a crash).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
 
 
 class ActiveSessionReader:
@@ -438,6 +457,7 @@ class ActiveSessionReader:
             self._rescan = True
             self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
+        snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
         return Observation(self.generations.stamp(snapshot), home_replaced)
 
@@ -655,7 +675,8 @@ class ActiveSessionReader:
             )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise _Unavailable(
-                f"home {self._home} is writable by group or others; refusing its receipts"
+                f"home {self._home} is writable by group or others; refusing its receipts. "
+                f"Fix: `chmod 0700 {self._home}`"
             )
         return st.st_dev, st.st_ino
 

@@ -13,10 +13,10 @@ Signal handlers only set state: one task reads the signals.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
-from pathlib import Path
 
 import anyio
 import structlog
@@ -24,11 +24,12 @@ from anyio.abc import TaskStatus
 
 from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
 
+from . import service
 from .api import Api
 from .config import Config
 from .discovery import Discovery
 from .jsonrpc import Dispatcher
-from .server import Server, bind_unix_listener
+from .server import Server, UnixListener
 from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
@@ -69,7 +70,12 @@ class Daemon:
         self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
         self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
-        self.server = Server(self.dispatcher, max_connections=config.max_connections)
+        self.server = Server(
+            self.dispatcher,
+            max_connections=config.max_connections,
+            on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
+        )
+        self.notifier = service.Notifier.from_environ()
         self._shutdown = anyio.Event()
 
     @property
@@ -85,6 +91,22 @@ class Daemon:
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
         self._shutdown.set()
+
+    async def _tell_service_manager(self) -> None:
+        """sd_notify (SPEC §8): ``READY=1`` once the first observation is done,
+        then ``STATUS=`` whenever the one-line state changes (checked at each
+        sample interval)."""
+        status: str | None = None
+        await self.sessions.first_observation.wait()
+        while True:
+            text = service.status_text(self.sessions.latest, self.watcher_mode)
+            if text != status:
+                if status is None:
+                    self.notifier.ready(text)
+                else:
+                    self.notifier.status(text)
+                status = text
+            await anyio.sleep(self.config.sample_interval_s)
 
     @property
     def discovery(self) -> DiscoveryState | None:
@@ -111,44 +133,40 @@ class Daemon:
             StartupError: the home or the socket cannot be set up.
         """
         _route_event_loop_errors()
-        self._prepare_home()
         try:
-            listener = await bind_unix_listener(self.config.socket)
-        except OSError as exc:
-            raise StartupError(f"cannot listen on {self.config.socket}: {exc}") from exc
-        socket_identity = _identity(self.config.socket)
+            service.ensure_home(self.config.home)  # SPEC §3 strictness
+            listening = service.open_listener(self.config.socket)  # lock, then socket
+        except service.ServiceError as exc:
+            raise StartupError(str(exc)) from exc
+        if listening.path != self.config.socket:
+            self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
+                tg.start_soon(service.send_watchdog, self.notifier)
                 # Discovery first: it is started at once (its first observation
                 # follows), so no request can find it not running. The watcher
                 # owes a rescan when its watch starts.
                 await tg.start(self.sessions.serve)
                 await tg.start(self.watcher.serve)
-                await tg.start(self.server.serve, listener)
+                await tg.start(self.server.serve, UnixListener(listening.sock))
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),
                     socket=str(self.config.socket),
                     home=str(self.config.home),
+                    socket_activated=listening.activated,
                 )
+                tg.start_soon(self._tell_service_manager)
                 task_status.started()
                 await self._shutdown.wait()
+                self.notifier.stopping("shutting down: finishing requests in flight")
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
-            if socket_identity is not None and _identity(self.config.socket) == socket_identity:
-                self.config.socket.unlink(missing_ok=True)
+            listening.close()  # removes only a socket the daemon created, then unlocks
+            self.notifier.close()
             log.info("capsuled stopped")
-
-    def _prepare_home(self) -> None:
-        home = self.config.home
-        try:
-            home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StartupError(f"cannot create the home {home}: {exc}") from exc
-        if not home.is_dir():
-            raise StartupError(f"the home {home} is not a directory")
 
     async def _drain(self) -> None:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
@@ -191,11 +209,3 @@ def _route_event_loop_errors() -> None:
         asyncio.get_running_loop().set_exception_handler(handler)
     except RuntimeError:  # not on asyncio
         pass
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
