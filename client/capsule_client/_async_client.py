@@ -131,7 +131,10 @@ class AsyncClient:
             try:
                 with anyio.fail_after(self._core.timeout_for(call)):
                     stream, reader = await self._connect()
-                    await stream.send(data)
+                    try:
+                        await stream.send(data)
+                    except anyio.BrokenResourceError:
+                        pass  # refused before the request arrived: read why (see Client)
                     while True:
                         line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
                         result = self._core.read_reply(request_id, line)

@@ -133,7 +133,13 @@ class Client:
         sock = self._connect()
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(data)
+            try:
+                sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon may refuse a connection with one error line (-32002
+                # overloaded, -32006 permission denied) and close it before the
+                # request arrives: that line says why, so read it.
+                pass
             while True:
                 result = self._core.read_reply(request_id, self._read_line(sock, deadline))
                 if result is not None:
@@ -191,11 +197,24 @@ class Client:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._core.timeout_s)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError as exc:
-            sock.close()
-            raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
+        deadline = time.monotonic() + self._core.timeout_s
+        while True:
+            try:
+                sock.connect(str(self.socket_path))
+                break
+            except BlockingIOError as exc:
+                # EAGAIN: the daemon's listen backlog is full. It is there and busy,
+                # not gone: wait for room until the timeout, as a blocking connect would.
+                if time.monotonic() >= deadline:
+                    sock.close()
+                    raise RequestTimeout(
+                        f"{self.socket_path} accepted no connection within "
+                        f"{self._core.timeout_s} s: its listen backlog stayed full"
+                    ) from exc
+                time.sleep(0.005)
+            except OSError as exc:
+                sock.close()
+                raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
         self._sock = sock
         self._buffer.clear()
         return sock

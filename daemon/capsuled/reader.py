@@ -719,6 +719,10 @@ class ActiveSessionReader:
             raise _Unavailable(f"home {self._home} cannot be inspected: {_describe(exc)}") from exc
         if self._identity is not None and identity != self._identity:
             raise _HomeReplaced
+        if self._identity is None and identity is not None:
+            # The home (re)appeared: a walk of the missing home found nothing, and
+            # a watch may not see the new one yet. Walk it now, whatever the watcher says.
+            self._rescan = True
         self._identity = identity
 
     def _unalias(self, path: str) -> str:
@@ -773,11 +777,13 @@ class ActiveSessionReader:
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
-        if is_dir:
+        kind = _receipt_kind(parts)
+        if is_dir and kind is None:
             if _walked(parts):
                 self._scan(entry.path, parts, sample)
             return
-        kind = _receipt_kind(parts)
+        # A receipt's place holds whatever it holds: a directory named x.json
+        # is an error for that path, as it is when the watcher reports it.
         if kind is not None:
             self._read_receipt(entry.path, kind, sample)
 

@@ -78,6 +78,7 @@ class Daemon:
         self.server = Server(
             self.dispatcher,
             max_connections=config.max_connections,
+            write_timeout_s=config.write_timeout_s,
             on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
         )
         self.notifier = service.Notifier.from_environ()
