@@ -392,10 +392,25 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
         assert sessions_of(fresh_snapshot(daemon)) == {"ses_live"}
         # A writer that keeps the store to itself: in WAL mode only an exclusive
         # locking mode keeps readers out, for as long as the writer holds it.
-        writer = sqlite3.connect(store_path(home), isolation_level=None)
+        # It can take that lock only while no one else has the store open, and
+        # the daemon keeps a connection open: move the store away (the daemon
+        # lets go of a store that is gone), lock it there, and move it back.
+        aside = short_dir / "aside"
+        aside.mkdir(mode=0o700)
+        store = store_path(home)
+        files = [Path(f"{store}{suffix}") for suffix in ("", "-wal")]
+        for path in files:
+            path.rename(aside / path.name)
+        Path(f"{store}-shm").unlink(missing_ok=True)
+        missing = fresh_snapshot(daemon)
+        assert any("does not exist" in gap for gap in missing["gaps"]), missing
+        writer = sqlite3.connect(aside / store.name, isolation_level=None)
         writer.execute("PRAGMA locking_mode = EXCLUSIVE")
         writer.execute("BEGIN EXCLUSIVE")
         writer.execute("INSERT INTO sessions VALUES ('ses_w', NULL, NULL, 0)")
+        for path in files:
+            if (aside / path.name).exists():
+                (aside / path.name).rename(path)
         try:
             began = time.monotonic()
             locked = fresh_snapshot(daemon)
