@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import latency, memory, ping, reconcile, scan, snapshot
+from . import latency, live, memory, ping, reconcile, scan, snapshot
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -69,6 +69,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         baseline="—",
         targets=("<= 1 KiB per retained receipt",),
         run=memory.run,
+    ),
+    Scenario(
+        number=8,
+        title="receipt written -> sessions.changed; process killed -> sessions.changed",
+        baseline="—",
+        targets=(
+            "receipt -> notification: p99 <= 50 ms",
+            "exit -> notification: p99 <= 20 ms",
+        ),
+        run=live.run,
     ),
 )
 

@@ -47,6 +47,8 @@ class Config:
             before the connection is dropped (docs/protocol.md, "Slow readers").
         watch: how the home is watched: ``native`` (falls back to polling
             when a native watch cannot start), ``polling`` or ``off``.
+        max_pidfds: process-exit descriptors held at most; the exits of
+            processes past it are noticed by sampling (``capsuled.exits``).
     """
 
     home: Path
@@ -59,6 +61,7 @@ class Config:
     drain_timeout_s: float = 5.0
     write_timeout_s: float = 10.0
     watch: WatcherMode = "native"
+    max_pidfds: int = 4096
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -72,6 +75,7 @@ _ENV = {
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
     "write_timeout": "CAPSULED_WRITE_TIMEOUT",
     "watch": "CAPSULED_WATCH",
+    "max_pidfds": "CAPSULED_MAX_PIDFDS",
 }
 
 
@@ -172,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: native)",
         metavar="MODE",
     )
+    add(
+        "--max-pidfds",
+        "max_pidfds",
+        "processes whose exit is watched with a pidfd (Linux >= 5.3), so it changes answers "
+        "at once; the exits of more are noticed by sampling (default: 4096)",
+        metavar="N",
+    )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
 
@@ -222,6 +233,8 @@ def parse_args(
         overrides["write_timeout_s"] = _positive_float("write timeout", text)
     if (text := pick("max_connections")) is not None:
         overrides["max_connections"] = _positive_int("max connections", text)
+    if (text := pick("max_pidfds")) is not None:
+        overrides["max_pidfds"] = _positive_int("max pidfds", text)
     if len(os.fsencode(socket)) > 107:
         raise ConfigError(
             f"socket path {socket} is longer than the 107 bytes a Unix socket allows; "

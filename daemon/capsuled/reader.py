@@ -39,6 +39,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -293,10 +294,16 @@ class Observation:
         home_replaced: the home was replaced or removed since the reader
             started; the caller should make a fresh reader for the path
             (passing this reader's ``generations``), log a warning and count it.
+        watched: pid → start time (Unix seconds, from the sample) of every
+            live process the answer rests on: live candidates' pids, the
+            store's processes that matched the sample, live servers. Its
+            exit changes the answer (``capsuled.exits`` watches them). None
+            when the observation could not say (``unavailable``).
     """
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
+    watched: Mapping[int, float] | None = None
 
 
 class Generations:
@@ -306,6 +313,13 @@ class Generations:
     ``gaps``; ``observed_at``, ``task`` and ``cost`` do not count. Kept apart
     from the reader so that a fresh reader (after the home was replaced)
     continues the count.
+
+    A ``scanning`` answer is not counted: it says "read again" (ownership
+    moved during the observation, or a rescan arrived meanwhile), the daemon
+    retries it at once, and it carries the generation of the last settled
+    answer. Counting it would move the generation twice across a write that
+    changed nothing (``scanning``, then the same ``ready`` answer again), and
+    long polls and subscriptions would wake for nothing.
     """
 
     def __init__(self) -> None:
@@ -329,7 +343,7 @@ class Generations:
             snapshot.gaps,
         )
         with self._lock:
-            if answer != self._previous:
+            if snapshot.discovery != "scanning" and answer != self._previous:
                 self._generation += 1
                 self._previous = answer
             return msgspec.structs.replace(snapshot, generation=self._generation)
@@ -442,8 +456,9 @@ class ActiveSessionReader:
             cost=self._cost,
         )
         home_replaced = False
+        watched: dict[int, float] | None = None
         try:
-            self._observe_into(snapshot)
+            watched = self._observe_into(snapshot)
         except ObservationCancelled:
             self._rescan = True
             raise
@@ -459,18 +474,20 @@ class ActiveSessionReader:
         self._cost.retained = len(self._candidates)
         snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced)
+        return Observation(self.generations.stamp(snapshot), home_replaced, watched)
 
     # ----------------------------------------------------------------------
     # The observation
 
-    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> None:
+    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> dict[int, float]:
+        """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on."""
         sample = self._collect()
         ownership = self._ownership(sample)
         sessions, unowned, projection_gaps = self._project(sample, ownership)
         snapshot.sessions = sessions
         snapshot.unowned = unowned
         snapshot.servers = self._live_servers(sample)
+        watched = self._watched(sample, sessions, snapshot.servers)
         snapshot.gaps = [
             *ownership.gaps,
             *projection_gaps,
@@ -486,6 +503,20 @@ class ActiveSessionReader:
             snapshot.sessions = []
             snapshot.unowned = []
             snapshot.gaps.append(GAP_CATCHING_UP)
+        return watched
+
+    def _watched(
+        self, sample: ProcessSample, sessions: list[Session], servers: list[ServerEntry]
+    ) -> dict[int, float]:
+        pids = {candidate.receipt.pid for candidate in self._candidates.values()}
+        pids.update(
+            process.pid
+            for session in sessions
+            for process in session.processes
+            if process.kind == "process"
+        )
+        pids.update(server.pid for server in servers)
+        return {pid: sample[pid] for pid in pids if pid in sample}
 
     @staticmethod
     def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:

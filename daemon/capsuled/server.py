@@ -67,11 +67,25 @@ class Connection:
         self.number = number
         self.busy = False
         self.scope = anyio.CancelScope()
+        #: Set once the connection has ended (subscriptions end with it).
+        self.closed = anyio.Event()
         self._send_lock = anyio.Lock()
         self._write_timeout_s = write_timeout_s
+        self._after_reply: list[Callable[[], None]] = []
         self._raw_socket: socket.socket | None = stream.extra(
             anyio.abc.SocketAttribute.raw_socket, None
         )
+
+    def call_after_reply(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the reply to the request being handled is sent
+        (a subscription's first notification must follow its reply)."""
+        self._after_reply.append(callback)
+
+    def replied(self) -> None:
+        """The current request's reply went out (or none was owed): run the callbacks."""
+        callbacks, self._after_reply = self._after_reply, []
+        for callback in callbacks:
+            callback()
 
     def end_reading(self) -> None:
         """Make the pending read see end-of-stream, so the connection ends by itself.
@@ -268,6 +282,7 @@ class Server:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
             self.connections.discard(connection)
+            connection.closed.set()
             # Wake every waiter, then arm a fresh event for the next close.
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
@@ -323,6 +338,7 @@ class Server:
                 reply = await self._answer(connection, line)
                 if reply is not None and not await connection.send_line(reply):
                     return
+                connection.replied()
             finally:
                 connection.busy = False
             if final:
