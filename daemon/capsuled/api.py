@@ -102,7 +102,11 @@ class Api:
             ShuttingDown: the daemon stopped observing.
             InternalError: the observation failed on a defect.
         """
-        return await self.daemon.sessions.snapshot(params)
+        connection = current_connection.get(None)
+        if connection is None:
+            return await self.daemon.sessions.snapshot(params)
+        # A long poll may wait long; a client that left must not hold its slot.
+        return await connection.unless_peer_leaves(lambda: self.daemon.sessions.snapshot(params))
 
     async def sessions_subscribe(self, params: SubscribeParams) -> SubscribeResult:
         """``sessions.subscribe`` (SPEC §7): ``sessions.changed`` notifications on this connection.

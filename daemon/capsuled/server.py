@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextvars
 import errno
 import os
+import select
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import structlog
@@ -47,6 +49,19 @@ __all__ = [
     "current_connection",
     "fit_to_descriptors",
 ]
+
+T = TypeVar("T")
+
+#: How often a half-closed peer, waiting for a long poll's answer, is checked for a hang-up.
+_HALF_CLOSED_POLL_S = 0.2
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed both directions (``POLLHUP``), not just its writing side."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
+
 
 log = structlog.get_logger("capsuled.server")
 
@@ -86,6 +101,44 @@ class Connection:
         callbacks, self._after_reply = self._after_reply, []
         for callback in callbacks:
             callback()
+
+    async def unless_peer_leaves(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Await ``call()``; if the peer closes its end meanwhile, end the connection.
+
+        A long poll may wait up to an hour for a change: a client that gave up
+        must not keep its connection slot (and the poll) alive that long.
+        While the request runs nothing reads the socket, so end-of-stream is
+        seen by peeking; a peer that already sent its next request is still
+        there, and is not watched further.
+        """
+        raw = self._raw_socket
+        if raw is None:
+            return await call()
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(self._end_when_peer_leaves, raw)
+            result = await call()
+            watch.cancel_scope.cancel()
+        return result
+
+    async def _end_when_peer_leaves(self, raw: socket.socket) -> None:
+        while True:
+            await anyio.wait_readable(raw)
+            try:
+                data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                break  # reset by the peer
+            if data:
+                await anyio.sleep_forever()  # more requests queued: the peer is there
+            # End of stream: the peer shut its writing side. If it only
+            # half-closed, it still waits for the answer (docs/protocol.md);
+            # it is gone once the socket also reports a hang-up.
+            if _hung_up(raw):
+                break
+            await anyio.sleep(_HALF_CLOSED_POLL_S)
+        log.debug("peer left during a request; ending it", connection=self.number)
+        self.scope.cancel()
 
     def end_reading(self) -> None:
         """Make the pending read see end-of-stream, so the connection ends by itself.

@@ -1,0 +1,61 @@
+"""A client that leaves during a long poll frees its connection (SPEC §7 ``since``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from support import DaemonProcess, wait_until
+
+from capsule_client import Client
+
+
+def test_long_polls_abandoned_by_their_clients_free_their_slots(short_dir: Path) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    with DaemonProcess(home, short_dir / "p.sock", ["--max-connections", "3"]) as daemon:
+        with Client(daemon.socket_path) as client:
+            generation = client.snapshot(max_age_ms=0).generation
+        poll = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "sessions.snapshot",
+                "params": {"since": generation, "timeout_ms": 3_600_000},
+            }
+        ).encode()
+        for _ in range(3):  # as many as the daemon serves at once
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(daemon.socket_path))
+                sock.sendall(poll + b"\n")
+            # closed at once: nobody waits for these answers
+
+        def served() -> bool:
+            try:
+                with Client(daemon.socket_path, timeout_s=2) as client:
+                    return client.status().clients == 1
+            except Exception:
+                return False
+
+        wait_until(served, message="the abandoned polls to end")
+        assert "peer left during a request" in daemon.logs()
+
+
+def test_a_client_that_only_half_closes_still_gets_its_long_poll_answered(
+    daemon: DaemonProcess,
+) -> None:
+    with Client(daemon.socket_path) as client:
+        generation = client.snapshot(max_age_ms=0).generation
+    poll = {"since": generation, "timeout_ms": 800}
+    request = {"jsonrpc": "2.0", "id": 7, "method": "sessions.snapshot", "params": poll}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    answer = json.loads(reply)
+    assert answer["id"] == 7 and answer["result"]["generation"] == generation
