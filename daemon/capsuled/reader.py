@@ -33,6 +33,7 @@ Departures from the seed, each allowed by SPEC §5:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import errno
 import os
@@ -69,7 +70,7 @@ from capsule_client.receipts import (
 )
 from capsuled.changes import ChangeFeed
 from capsuled.processes import ProcessSample, matches_start, sample_processes
-from capsuled.store import Ownership, OwnershipReader, StoreUnavailable
+from capsuled.store import OwnershipReader, StoreUnavailable, StoreVersion
 
 __all__ = [
     "GAP_CATCHING_UP",
@@ -228,25 +229,43 @@ class _Signature:
         ) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass(slots=True)
 class _Candidate:
     """A receipt that parsed and was live at its last read, projected once.
 
     ``process`` is what snapshots list (None when the input directory's name
     is not an input id: then ``gap`` says so); ``key`` is the input id or
-    exec id asked of the store.
+    exec id asked of the store; ``owner`` the session that owns it (None:
+    nobody) once ownership was asked, :data:`_UNASKED` before.
+    ``signature`` is None when the reader trusts the watcher (nothing
+    re-checks it) or when the file must be re-read at its next check.
     """
 
-    kind: _Kind
-    receipt: Receipt
-    signature: _Signature
-    process: SessionProcess | None
-    key: str
-    gap: str | None
+    __slots__ = ("gap", "key", "kind", "owner", "process", "receipt", "signature")
+
+    def __init__(
+        self,
+        kind: _Kind,
+        receipt: Receipt,
+        signature: _Signature | None,
+        process: SessionProcess | None,
+        key: str,
+        gap: str | None,
+    ) -> None:
+        self.kind = kind
+        self.receipt = receipt
+        self.signature = signature
+        self.process = process
+        self.key = key
+        self.gap = gap
+        self.owner: str | None = _UNASKED
+
+
+#: The owner of a candidate whose ownership was not asked yet.
+_UNASKED: Final = "\0unasked"
 
 
 def _candidate(
-    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature, input_dir: str
+    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature | None, input_dir: str
 ) -> _Candidate:
     if isinstance(receipt, ExecReceipt):
         process = SessionProcess(
@@ -281,6 +300,22 @@ class _Error:
     message: str
     kind: _Kind | None  # None for a directory or the servers registry
     signature: _Signature | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The lists of the latest projection, kept to be answered again while nothing changes.
+
+    ``owned_processes`` is session id → its processes owned by (pid, start
+    time) rows; ``by_id`` session id → its :class:`Session` in ``sessions``.
+    """
+
+    sessions: list[Session]
+    unowned: list[SessionProcess]
+    servers: list[ServerEntry]
+    gaps: list[str]
+    owned_processes: dict[str, list[SessionProcess]]
+    by_id: dict[str, Session]
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,8 +386,39 @@ class ActiveSessionReader:
         cancel: when set, the running observation stops before its next file
             read and raises :class:`ObservationCancelled`.
         generations: the answer counter to continue; a new one when omitted.
+        trust_watcher: whether a watcher feeds ``changes`` (may be changed
+            between observations: the daemon sets it from its watcher mode).
 
     The first observation walks from scratch.
+
+    **Trusting the watcher.** With ``trust_watcher`` set, an observation that
+    is not a rescan reads only the pending paths the watcher reported; the
+    other candidates are not ``stat``-checked (SPEC §5 step 2 allows a re-read
+    to be replaced by a check "as long as the result is the same": here that
+    rests on the watcher reporting every write). Kernel queue overflows are
+    silent (LIBRARY-FACTS.md), so the periodic full rescan the watcher owes
+    (``--rescan-interval``) is the net under a lost event, and any error of
+    the watch itself owes a rescan at once. Without it (a library user
+    without a watcher), every observation ``stat``-checks every candidate and
+    errored receipt and re-reads what changed, as before.
+
+    **Incremental observations.** Whatever did not change is not redone:
+
+    * liveness: candidates are indexed by pid, and each new process sample is
+      compared with the previous one; only the candidates of pids that are
+      gone or whose start time changed are judged again, so an unchanged
+      process table costs O(processes), not O(receipts);
+    * ownership is asked only for candidates not asked before and pids not
+      sampled before, and asked again for everything when the store's
+      :meth:`~capsuled.store.OwnershipReader.version` changed;
+    * projection: each session's list (and ``unowned``) is kept sorted and
+      updated by the candidates that came, went or changed owner; when
+      nothing changed, the previous lists are the answer (and its
+      generation stays).
+
+    The stability check (step 4) is then: no relevant path arrived in the
+    feed, the store's version did not change, and (without a trusted
+    watcher) the ``stat`` check found nothing new.
     """
 
     def __init__(
@@ -363,6 +429,7 @@ class ActiveSessionReader:
         ownership: OwnershipReader | None = None,
         cancel: threading.Event | None = None,
         generations: Generations | None = None,
+        trust_watcher: bool = False,
     ) -> None:
         self.home = Path(home).resolve()
         self._home = str(self.home)
@@ -372,6 +439,7 @@ class ActiveSessionReader:
         self.changes = ChangeFeed() if changes is None else changes
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
+        self.trust_watcher = trust_watcher
         self._cancel = threading.Event() if cancel is None else cancel
         self._uid = os.geteuid()
         try:
@@ -379,6 +447,7 @@ class ActiveSessionReader:
         except (_Unavailable, OSError):  # reported by the first observation
             self._identity = None
         self._candidates: dict[str, _Candidate] = {}
+        self._by_pid: dict[int, set[str]] = {}  # pid → candidate paths
         self._errors: dict[str, _Error] = {}
         self._error_bytes = 0
         self._servers: list[ServerRegistryEntry] = []
@@ -387,6 +456,24 @@ class ActiveSessionReader:
         self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
         self._rescan = True
         self._cost = DiscoveryCost()
+        # Liveness: the sample every candidate was last judged against.
+        self._sample: dict[int, float] = {}
+        # Ownership, as of store version ``_store_version``.
+        self._store_version: StoreVersion | object = _UNASKED
+        self._asked_pids: set[int] = set()
+        self._rows: dict[int, list[tuple[int, str]]] = {}
+        self._contexts: dict[str, str | None] = {}
+        self._ownership_gaps: tuple[str, ...] = ()
+        self._unasked: set[str] = set()  # candidate paths whose owner is not asked yet
+        # Projection: the sorted lists of the previous answer, and what moved since.
+        self._groups: dict[str | None, list[SessionProcess]] = {}  # owner → receipt processes
+        self._moves: dict[str | None, tuple[list[SessionProcess], list[SessionProcess]]] = {}
+        self._regroup = True  # rebuild every group from the candidates
+        self._gap_counts: dict[str, int] = {}  # candidate gaps (invalid input ids)
+        self._gaps_changed = True  # candidate gaps, errors or the store's gaps
+        self._contexts_changed = False
+        self._mutations = 0  # changes to candidates and errors, for the step 4 check
+        self._answer: _Answer | None = None
 
     # ----------------------------------------------------------------------
     # Public surface
@@ -426,16 +513,17 @@ class ActiveSessionReader:
         try:
             self._observe_into(snapshot)
         except ObservationCancelled:
-            self._rescan = True
+            self._owe_rescan()
             raise
         except _Unavailable as exc:
-            self._rescan = True
+            self._owe_rescan()
             home_replaced = isinstance(exc, _HomeReplaced)
             self._unavailable(snapshot, str(exc))
         except StoreUnavailable as exc:
+            self._store_version = _UNASKED
             self._unavailable(snapshot, str(exc))
         except OSError as exc:
-            self._rescan = True
+            self._owe_rescan()
             self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
         snapshot.observed_at = time.time()
@@ -445,27 +533,23 @@ class ActiveSessionReader:
     # The observation
 
     def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> None:
-        sample = self._collect()
-        ownership = self._ownership(sample)
-        sessions, unowned, projection_gaps = self._project(sample, ownership)
-        snapshot.sessions = sessions
-        snapshot.unowned = unowned
-        snapshot.servers = self._live_servers(sample)
-        snapshot.gaps = [
-            *ownership.gaps,
-            *projection_gaps,
-            *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
-        ]
-        if self._moved(sample, ownership):
+        version = self._collect()
+        self._refresh_ownership(version)
+        answer = self._project()
+        snapshot.sessions = answer.sessions
+        snapshot.unowned = answer.unowned
+        snapshot.servers = answer.servers
+        snapshot.gaps = answer.gaps
+        if self._moved(version):
             snapshot.discovery = "scanning"
             snapshot.sessions = []
             snapshot.unowned = []
-            snapshot.gaps.append(GAP_MOVED)
+            snapshot.gaps = [*answer.gaps, GAP_MOVED]
         elif self._rescan:
             snapshot.discovery = "scanning"
             snapshot.sessions = []
             snapshot.unowned = []
-            snapshot.gaps.append(GAP_CATCHING_UP)
+            snapshot.gaps = [*answer.gaps, GAP_CATCHING_UP]
 
     @staticmethod
     def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:
@@ -476,27 +560,45 @@ class ActiveSessionReader:
         snapshot.servers = []
         snapshot.gaps = [gap]
 
-    def _collect(self) -> ProcessSample:
-        """Steps 1-2: bring the cache up to date; return the sample liveness is decided on."""
+    def _owe_rescan(self) -> None:
+        """The cache may be half updated: walk from scratch next time, and forget the answer."""
+        self._rescan = True
+        self._answer = None
+
+    def _collect(self) -> StoreVersion:
+        """Steps 1-2: bring the cache up to date against a fresh sample.
+
+        Returns the store's version, taken before anything is asked of it.
+        """
         self._check_cancelled()
         self._check_home()
         self._take_changes()
         self._cost.dirty_paths = len(self._pending)
-        sample = self._sample()
+        version = self.ownership.version()
+        self._resample()
         if self._rescan:
-            self._walk_from_scratch(sample)
-            sample = self._sample()
+            self._walk_from_scratch()
+            self._resample()
         else:
             pending, self._pending = self._pending, set()
             self._linked_dirs = {}
             for path in sorted(pending):
-                self._apply(path, sample)
-        self._recheck_all(sample)
-        return sample
+                self._apply(path)
+            if not self.trust_watcher:
+                self._recheck_all()
+        return version
 
-    def _sample(self) -> ProcessSample:
+    def _resample(self) -> None:
+        """Take a fresh sample; judge again the candidates of pids that went or were reused."""
         self._cost.process_samples += 1
-        return sample_processes()
+        sample = sample_processes()
+        previous, self._sample = self._sample, sample
+        for pid, start in previous.items():
+            if sample.get(pid) == start:
+                continue
+            for path in list(self._by_pid.get(pid, ())):
+                if not _live(self._candidates[path].receipt, sample):
+                    self._drop(path)
 
     def _take_changes(self) -> bool:
         """Move the feed's relevant paths into ``pending`` and its rescan request into
@@ -514,18 +616,24 @@ class ActiveSessionReader:
                 moved = True
         return moved
 
-    def _walk_from_scratch(self, sample: ProcessSample) -> None:
+    def _walk_from_scratch(self) -> None:
         self._cost.rescans += 1
         self._candidates.clear()
+        self._by_pid.clear()
+        self._unasked.clear()
+        self._gap_counts.clear()
+        self._moves.clear()
+        self._regroup = True
         self._errors.clear()
+        self._gaps_changed = True
         self._error_bytes = 0
         self._pending.clear()
-        self._scan(os.path.join(self._home, _RUNS), (_RUNS,), sample)
-        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS, sample)
+        self._scan(os.path.join(self._home, _RUNS), (_RUNS,))
+        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS)
         self._read_servers()
         self._rescan = False
 
-    def _apply(self, path: str, sample: ProcessSample) -> None:
+    def _apply(self, path: str) -> None:
         """Bring one pending path up to date (seed 004 ``reconcile``)."""
         parts = self._parts(path)
         action = _action(parts)
@@ -536,9 +644,9 @@ class ActiveSessionReader:
             self._drop_under(path)
         elif action in (_Action.PROVIDER_CLIENT, _Action.EXEC):
             kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
-            self._read_receipt(path, kind, sample)
+            self._read_receipt(path, kind)
         elif action is _Action.WALK and parts is not None:
-            self._scan(path, parts, sample)
+            self._scan(path, parts)
 
     def _through_symlink(self, path: str) -> bool:
         """Whether a directory between the home and ``path`` is a symlink.
@@ -552,72 +660,222 @@ class ActiveSessionReader:
             linked = self._linked_dirs[parent] = os.path.realpath(parent) != parent
         return linked
 
-    def _recheck_all(self, sample: ProcessSample) -> None:
-        """Step 2: every candidate and errored receipt against the fresh sample."""
+    def _recheck_all(self) -> None:
+        """Step 2 without a trusted watcher: ``stat``-check every candidate and errored receipt."""
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
         for path in [*self._candidates, *receipts]:  # a path is in one of the two
-            self._recheck(path, sample)
+            self._recheck(path)
         self._recheck_servers()
 
-    def _moved(self, sample: ProcessSample, ownership: Ownership) -> bool:
-        """Step 4: did candidates, ownership or the file system move during the observation?"""
-        before = self._state()
-        self._recheck_all(sample)
-        moved = self._state() != before
-        moved |= self._ownership(sample) != ownership
+    def _moved(self, version: StoreVersion) -> bool:
+        """Step 4: did candidates, ownership or the file system move during the observation?
+
+        Ownership moved when the store's version is not the one taken before
+        it was asked; candidates moved when (without a trusted watcher) the
+        ``stat`` check changes anything, against the same sample.
+        """
+        moved = False
+        if not self.trust_watcher:
+            before = self._mutations
+            self._recheck_all()
+            moved = self._mutations != before
+        moved |= self.ownership.version() != version
         moved |= self._take_changes()  # a rescan owed is reported apart: catching up
         return moved
 
-    def _state(self) -> tuple[dict[str, Receipt], dict[str, str]]:
-        return (
-            {path: candidate.receipt for path, candidate in self._candidates.items()},
-            {path: error.message for path, error in self._errors.items()},
-        )
+    # ----------------------------------------------------------------------
+    # The cache's candidates: every change goes through _put and _drop
 
-    def _ownership(self, sample: ProcessSample) -> Ownership:
+    def _put(self, path: str, candidate: _Candidate) -> None:
+        """Make ``candidate`` the one at ``path``; a re-read that parsed the same keeps the old."""
+        old = self._candidates.get(path)
+        if old is not None and old.kind is candidate.kind and old.receipt == candidate.receipt:
+            old.signature = candidate.signature
+            return
+        if old is not None:
+            self._drop(path)
+        self._mutations += 1
+        self._candidates[path] = candidate
+        self._by_pid.setdefault(candidate.receipt.pid, set()).add(path)
+        if candidate.gap is not None:
+            self._gap_counts[candidate.gap] = self._gap_counts.get(candidate.gap, 0) + 1
+            self._gaps_changed = True
+        else:
+            self._unasked.add(path)
+
+    def _drop(self, path: str) -> None:
+        candidate = self._candidates.pop(path, None)
+        if candidate is None:
+            return
+        self._mutations += 1
+        pid = candidate.receipt.pid
+        paths = self._by_pid[pid]
+        paths.discard(path)
+        if not paths:
+            del self._by_pid[pid]
+        if candidate.gap is not None:
+            self._gaps_changed = True
+            count = self._gap_counts[candidate.gap] - 1
+            if count:
+                self._gap_counts[candidate.gap] = count
+            else:
+                del self._gap_counts[candidate.gap]
+        elif path in self._unasked:
+            self._unasked.discard(path)
+        elif candidate.process is not None:
+            self._move(candidate.owner, candidate.process, added=False)
+
+    def _move(self, owner: str | None, process: SessionProcess, *, added: bool) -> None:
+        if self._regroup:
+            return
+        removed_list, added_list = self._moves.setdefault(owner, ([], []))
+        (added_list if added else removed_list).append(process)
+
+    # ----------------------------------------------------------------------
+    # Ownership (SPEC §5 step 3)
+
+    def _refresh_ownership(self, version: StoreVersion) -> None:
+        """Ask the store about what it was not asked yet, or everything if it changed."""
+        sample = self._sample
+        everything = version != self._store_version
+        if everything:
+            paths: list[str] = [p for p, c in self._candidates.items() if c.gap is None]
+            pids: list[int] = list(sample)
+        else:
+            paths = sorted(self._unasked)
+            pids = [pid for pid in sample if pid not in self._asked_pids]
+        if not (everything or paths or pids):
+            return
         inputs: list[str] = []
         execs: list[str] = []
-        for candidate in self._candidates.values():
-            if candidate.process is None:
-                continue
+        for path in paths:
+            candidate = self._candidates[path]
             (execs if candidate.kind is _Kind.EXEC else inputs).append(candidate.key)
-        return self.ownership.session_process_ownership(inputs, execs, sample.keys())
+        answer = self.ownership.session_process_ownership(inputs, execs, pids)
+        if everything:
+            self._rows = {}
+            self._contexts_changed |= answer.contexts != self._contexts
+            self._gaps_changed |= answer.gaps != self._ownership_gaps
+            self._contexts = {}
+            self._ownership_gaps = answer.gaps
+        self._asked_pids = set(sample)
+        for pid in [pid for pid in self._rows if pid not in sample]:
+            del self._rows[pid]
+        self._rows.update(answer.processes)
+        self._contexts.update(answer.contexts)
+        for path in paths:
+            candidate = self._candidates[path]
+            by_key = answer.execs if candidate.kind is _Kind.EXEC else answer.inputs
+            owner = by_key.get(candidate.key)
+            if path in self._unasked:
+                self._unasked.discard(path)
+            elif owner == candidate.owner:
+                continue
+            elif candidate.process is not None:
+                self._move(candidate.owner, candidate.process, added=False)
+            candidate.owner = owner
+            if candidate.process is not None:
+                self._move(owner, candidate.process, added=True)
+        self._store_version = version
 
     # ----------------------------------------------------------------------
     # Projection (SPEC §5 step 3)
 
-    def _project(
-        self, sample: ProcessSample, ownership: Ownership
-    ) -> tuple[list[Session], list[SessionProcess], list[str]]:
-        owned: dict[str, list[SessionProcess]] = {}
-        unowned: list[SessionProcess] = []
-        gaps: set[str] = set()
-        for candidate in self._candidates.values():
-            process = candidate.process
-            if process is None:
-                gaps.add(str(candidate.gap))
-                continue
-            by_key = ownership.execs if candidate.kind is _Kind.EXEC else ownership.inputs
-            owner = by_key.get(candidate.key)
-            if owner is None:
-                unowned.append(process)
-            else:
-                owned.setdefault(owner, []).append(process)
-        for pid, rows in ownership.processes.items():
+    def _project(self) -> _Answer:
+        """The answer's lists; the previous ones, where nothing they rest on changed."""
+        sample = self._sample
+        dirty = self._regroup_all() if self._regroup else self._apply_moves()
+        if self._contexts_changed:
+            dirty.update(self._groups)
+            dirty.add("")  # the session list is built again even if no group remains
+            self._contexts_changed = False
+        owned_processes: dict[str, list[SessionProcess]] = {}
+        for pid, rows in self._rows.items():
             for started_at, session_id in rows:
                 if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
-                    owned.setdefault(session_id, []).append(
+                    owned_processes.setdefault(session_id, []).append(
                         SessionProcess(kind="process", pid=pid, started_at=started_at)
                     )
-        sessions = [
-            Session(
-                session_id,
-                ownership.contexts.get(session_id),
-                sorted(owned[session_id], key=_order),
-            )
-            for session_id in sorted(owned)
-        ]
-        return sessions, sorted(unowned, key=_order), sorted(gaps)
+        servers = self._live_servers(sample)
+        previous = self._answer
+        if (
+            previous is not None
+            and not dirty
+            and owned_processes == previous.owned_processes
+            and servers == previous.servers
+            and not self._gaps_changed
+        ):
+            return previous
+        sessions: list[Session] = []
+        previous_sessions = {} if previous is None else previous.by_id
+        by_id: dict[str, Session] = {}
+        owners = {owner for owner in self._groups if owner is not None}
+        for session_id in sorted(owners | owned_processes.keys()):
+            processes = owned_processes.get(session_id)
+            session = previous_sessions.get(session_id)
+            previous_processes = None if previous is None else previous.owned_processes
+            if (
+                session is None
+                or session_id in dirty
+                or processes != (previous_processes or {}).get(session_id)
+            ):
+                listed = self._groups.get(session_id, [])
+                if processes:
+                    listed = sorted([*listed, *processes], key=_order)
+                session = Session(session_id, self._contexts.get(session_id), listed)
+            sessions.append(session)
+            by_id[session_id] = session
+        if self._gaps_changed or previous is None:
+            gaps = [
+                *self._ownership_gaps,
+                *sorted(self._gap_counts),
+                *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
+            ]
+        else:
+            gaps = previous.gaps
+        self._gaps_changed = False
+        self._answer = _Answer(
+            sessions, self._groups.get(None, []), servers, gaps, owned_processes, by_id
+        )
+        return self._answer
+
+    def _regroup_all(self) -> set[str | None]:
+        """Every group from the candidates, sorted; returns the owners (all dirty)."""
+        groups: dict[str | None, list[SessionProcess]] = {}
+        for candidate in self._candidates.values():
+            if candidate.process is not None and candidate.owner is not _UNASKED:
+                groups.setdefault(candidate.owner, []).append(candidate.process)
+        for processes in groups.values():
+            processes.sort(key=_order)
+        dirty = {*self._groups, *groups, ""}
+        self._groups = groups
+        self._moves.clear()
+        self._regroup = False
+        return dirty
+
+    def _apply_moves(self) -> set[str | None]:
+        """Update the groups the moves touched (copies: earlier answers keep theirs)."""
+        dirty: set[str | None] = set()
+        for owner, (removed, added) in self._moves.items():
+            if sorted(removed, key=_order) == sorted(added, key=_order):
+                continue  # came back the same
+            processes = list(self._groups.get(owner, ()))
+            for process in removed:
+                at = bisect.bisect_left(processes, _order(process), key=_order)
+                while at < len(processes) and processes[at] is not process:
+                    at += 1
+                if at == len(processes):  # not where it should be: build every group again
+                    return self._regroup_all()
+                del processes[at]
+            for process in added:
+                bisect.insort(processes, process, key=_order)
+            if processes:
+                self._groups[owner] = processes
+            else:
+                self._groups.pop(owner, None)
+            dirty.add(owner)
+        self._moves.clear()
+        return dirty
 
     def _live_servers(self, sample: ProcessSample) -> list[ServerEntry]:
         live = []
@@ -690,7 +948,7 @@ class ActiveSessionReader:
         if self._cancel.is_set():
             raise ObservationCancelled("active session observation cancelled")
 
-    def _scan(self, path: str, parts: _Parts, sample: ProcessSample) -> None:
+    def _scan(self, path: str, parts: _Parts) -> None:
         """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
         self._check_cancelled()
         try:
@@ -710,11 +968,11 @@ class ActiveSessionReader:
         with entries:
             try:
                 for entry in entries:
-                    self._visit(entry, (*parts, entry.name), sample)
+                    self._visit(entry, (*parts, entry.name))
             except OSError as exc:
                 self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
 
-    def _visit(self, entry: os.DirEntry[str], parts: _Parts, sample: ProcessSample) -> None:
+    def _visit(self, entry: os.DirEntry[str], parts: _Parts) -> None:
         if entry.name.startswith("."):
             return
         try:
@@ -723,24 +981,24 @@ class ActiveSessionReader:
             is_dir = False
         if is_dir:
             if _walked(parts):
-                self._scan(entry.path, parts, sample)
+                self._scan(entry.path, parts)
             return
         kind = _receipt_kind(parts)
         if kind is not None:
-            self._read_receipt(entry.path, kind, sample)
+            self._read_receipt(entry.path, kind)
 
     def _drop_under(self, path: str) -> None:
         prefix = path + os.sep
         for key in [k for k in self._candidates if k.startswith(prefix)]:
-            del self._candidates[key]
+            self._drop(key)
         for key in [k for k in self._errors if k == path or k.startswith(prefix)]:
             self._clear_error(key)
 
     def _forget(self, path: str) -> None:
-        self._candidates.pop(path, None)
+        self._drop(path)
         self._clear_error(path)
 
-    def _read_receipt(self, path: str, kind: _Kind, sample: ProcessSample) -> None:
+    def _read_receipt(self, path: str, kind: _Kind) -> None:
         """Read, parse and judge one receipt; a failure is an error for its path, never raised."""
         self._check_cancelled()
         self._cost.receipts += 1
@@ -751,7 +1009,7 @@ class ActiveSessionReader:
             self._forget(path)
             return
         except OSError as exc:
-            self._candidates.pop(path, None)
+            self._drop(path)
             self._set_error(path, f"cannot stat receipt: {_describe(exc)}", kind, None)
             return
         try:
@@ -766,17 +1024,21 @@ class ActiveSessionReader:
                 else decode_provider_client_receipt(data)
             )
         except ReceiptError as exc:
-            self._candidates.pop(path, None)
-            self._set_error(path, str(exc), kind, _Signature.of(before, read_ns))
+            self._drop(path)
+            self._set_error(path, str(exc), kind, self._signature(before, read_ns))
             return
         self._clear_error(path)
-        if _live(receipt, sample):
+        if _live(receipt, self._sample):
             relative = path[len(self._home) + 1 :]
             input_dir = os.path.dirname(os.path.dirname(path))
-            signature = _Signature.of(st, read_ns)
-            self._candidates[path] = _candidate(relative, kind, receipt, signature, input_dir)
+            signature = self._signature(st, read_ns)
+            self._put(path, _candidate(relative, kind, receipt, signature, input_dir))
         else:
-            self._candidates.pop(path, None)
+            self._drop(path)
+
+    def _signature(self, st: os.stat_result, read_ns: int) -> _Signature | None:
+        """What a later ``stat`` check compares; none is kept while the watcher is trusted."""
+        return None if self.trust_watcher else _Signature.of(st, read_ns)
 
     def _load(self, path: str) -> tuple[bytes, os.stat_result] | None:
         """Open without following symlinks or blocking; check type, owner and size; read.
@@ -816,7 +1078,7 @@ class ActiveSessionReader:
         self._cost.bytes += len(data)
         return data, st
 
-    def _recheck(self, path: str, sample: ProcessSample) -> None:
+    def _recheck(self, path: str) -> None:
         """Re-read a candidate or errored receipt, or trust ``lstat`` if nothing changed."""
         candidate = self._candidates.get(path)
         error = self._errors.get(path)
@@ -834,10 +1096,10 @@ class ActiveSessionReader:
         except OSError:
             st = None
         if st is not None and signature is not None and signature.unchanged(st):
-            if candidate is not None and not _live(candidate.receipt, sample):
-                del self._candidates[path]
+            if candidate is not None and not _live(candidate.receipt, self._sample):
+                self._drop(path)
             return
-        self._read_receipt(path, kind, sample)
+        self._read_receipt(path, kind)
 
     def _read_servers(self) -> None:
         path = os.path.join(self._home, *_SERVERS_PARTS)
@@ -879,7 +1141,13 @@ class ActiveSessionReader:
     def _set_error(
         self, path: str, message: str, kind: _Kind | None, signature: _Signature | None
     ) -> None:
+        error = self._errors.get(path)
+        if error is not None and error.message == message:
+            error.kind, error.signature = kind, signature
+            return
         self._clear_error(path)
+        self._mutations += 1
+        self._gaps_changed = True
         self._errors[path] = _Error(message, kind, signature)
         self._error_bytes += _error_size(path, message)
         if len(self._errors) > MAX_ERRORS or self._error_bytes > MAX_ERROR_BYTES:
@@ -888,6 +1156,8 @@ class ActiveSessionReader:
     def _clear_error(self, path: str) -> None:
         error = self._errors.pop(path, None)
         if error is not None:
+            self._mutations += 1
+            self._gaps_changed = True
             self._error_bytes -= _error_size(path, error.message)
 
 

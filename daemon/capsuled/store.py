@@ -5,10 +5,17 @@ The daemon never writes the store: runtimes do, through
 ``file:...?mode=ro`` URI and a busy timeout of at least 1 s, reads in one
 transaction and closes it again, so a store that is replaced or created
 while the daemon runs is simply read the next time.
+
+:meth:`OwnershipReader.version` tells whether the store may have changed
+since it was last asked, without reading any table: the file's identity and
+``PRAGMA data_version`` on one connection kept open for that purpose (the
+value changes exactly when another connection commits). The reader asks
+ownership again only when the version, the keys or the sampled pids changed.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,12 +25,16 @@ from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
 
-__all__ = ["Ownership", "OwnershipReader", "StoreUnavailable"]
+__all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 
 #: Keys per ``IN (...)`` list; below SQLite's historical 999-variable limit.
 CHUNK_SIZE: Final = 500
 
 _T = TypeVar("_T")
+
+#: What :meth:`OwnershipReader.version` returns: (device, inode, data_version),
+#: or None while the store does not exist.
+StoreVersion = tuple[int, int, int] | None
 
 
 class StoreUnavailable(Exception):
@@ -70,6 +81,54 @@ class OwnershipReader:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+        self._probe: sqlite3.Connection | None = None
+        self._probe_identity: tuple[int, int] | None = None
+
+    def version(self) -> StoreVersion:
+        """A value that differs whenever the store may have changed since the last call.
+
+        Two equal values mean that nobody committed to the same file in
+        between (``PRAGMA data_version`` on a connection kept open for this;
+        a replaced file has another identity). Cheap: one ``stat`` and one
+        pragma, no table read.
+
+        Returns:
+            (device, inode, data_version), or None when the store does not exist.
+
+        Raises:
+            StoreUnavailable: the store exists but cannot be opened or read.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.close()
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        identity = (st.st_dev, st.st_ino)
+        try:
+            if self._probe is None or self._probe_identity != identity:
+                self.close()
+                self._probe = sqlite3.connect(
+                    self._uri,
+                    uri=True,
+                    timeout=self.busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                self._probe_identity = identity
+            (data_version,) = self._probe.execute("PRAGMA data_version").fetchone()
+        except sqlite3.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        return (*identity, int(data_version))
+
+    def close(self) -> None:
+        """Close the connection :meth:`version` keeps (the next call opens it again)."""
+        if self._probe is not None:
+            self._probe.close()
+        self._probe = None
+        self._probe_identity = None
 
     def session_process_ownership(
         self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
