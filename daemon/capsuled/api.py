@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 import structlog
 
 from capsule_client.paths import records_root
 from capsule_client.protocol import (
     METHOD_PARAMS,
-    ActiveSessionsSnapshot,
     LostReport,
     NoParams,
     PingResult,
@@ -81,17 +81,18 @@ class Api:
             notes=[*daemon.notes, *daemon.sessions.notes],
         )
 
-    async def sessions_snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+    async def sessions_snapshot(self, params: SnapshotParams) -> msgspec.Raw:
         """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
 
         An ``unavailable`` observation is answered as a snapshot (not an
-        error): its gaps say why.
+        error): its gaps say why. The result is the encoded
+        ``ActiveSessionsSnapshot``, kept by discovery for the latest answer.
 
         Raises:
             ShuttingDown: the daemon stopped observing.
             InternalError: the observation failed on a defect.
         """
-        return await self.daemon.sessions.snapshot(params)
+        return msgspec.Raw(await self.daemon.sessions.snapshot_json(params))
 
     async def reader_rescan(self, params: NoParams) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""
