@@ -232,32 +232,53 @@ class _Signature:
 class _Candidate:
     """A receipt that parsed and was live at its last read, projected once.
 
-    ``process`` is what snapshots list (None when the input directory's name
-    is not an input id: then ``gap`` says so); ``key`` is the input id or
-    exec id asked of the store; ``owner`` the session that owns it (None:
-    nobody) once ownership was asked, :data:`_UNASKED` before.
-    ``signature`` is None when the reader trusts the watcher (nothing
-    re-checks it) or when the file must be re-read at its next check.
+    The decoded receipt is not kept: ``process`` carries what snapshots list
+    (None when the input directory's name is not an input id: then ``gap``
+    says so), ``pid`` and ``start_s`` (the receipt's start time, Unix
+    seconds, unrounded) decide liveness. ``key`` is the input id or exec id
+    asked of the store; ``owner`` the session that owns it (None: nobody)
+    once ownership was asked, :data:`_UNASKED` before. ``signature`` is None
+    when the reader trusts the watcher (nothing re-checks it).
     """
 
-    __slots__ = ("gap", "key", "kind", "owner", "process", "receipt", "signature")
+    __slots__ = ("gap", "key", "kind", "owner", "pid", "process", "signature", "start_s")
 
     def __init__(
         self,
         kind: _Kind,
-        receipt: Receipt,
+        pid: int,
+        start_s: float,
         signature: _Signature | None,
         process: SessionProcess | None,
         key: str,
         gap: str | None,
     ) -> None:
         self.kind = kind
-        self.receipt = receipt
+        self.pid = pid
+        self.start_s = start_s
         self.signature = signature
         self.process = process
         self.key = key
         self.gap = gap
         self.owner: str | None = _UNASKED
+
+    def same(self, other: _Candidate) -> bool:
+        """Whether ``other`` says what this one says (a re-read of an unchanged receipt)."""
+        return (
+            self.kind is other.kind
+            and self.pid == other.pid
+            and self.start_s == other.start_s
+            and self.key == other.key
+            and self.gap == other.gap
+            and self.process == other.process
+        )
+
+    def live(self, sample: ProcessSample) -> bool:
+        """Liveness against one sample (SPEC §3; seed 004 ``Receipt::live``)."""
+        tolerance_s = (
+            EXEC_RECEIPT_TOLERANCE_S if self.kind is _Kind.EXEC else PROVIDER_CLIENT_TOLERANCE_S
+        )
+        return matches_start(sample, self.pid, self.start_s, tolerance_s)
 
 
 #: The owner of a candidate whose ownership was not asked yet.
@@ -267,6 +288,7 @@ _UNASKED: Final = "\0unasked"
 def _candidate(
     relative: str, kind: _Kind, receipt: Receipt, signature: _Signature | None, input_dir: str
 ) -> _Candidate:
+    """``relative`` (the path under the home) becomes the process's ``receipt``."""
     if isinstance(receipt, ExecReceipt):
         process = SessionProcess(
             kind="exec",
@@ -276,23 +298,26 @@ def _candidate(
             command=msgspec.UNSET if receipt.command is None else receipt.command,
             receipt=relative,
         )
-        return _Candidate(kind, receipt, signature, process, receipt.exec_id, None)
+        return _Candidate(
+            kind, receipt.pid, receipt.started_at, signature, process, receipt.exec_id, None
+        )
+    start_s = receipt.started_at_s
     input_id = relative.split(os.sep)[2]
     if not is_valid_input_id(input_id):
         gap = (
             f"{input_dir}: {input_id!r} is not an input id"
             " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
         )
-        return _Candidate(kind, receipt, signature, None, input_id, gap)
+        return _Candidate(kind, receipt.pid, start_s, signature, None, input_id, gap)
     process = SessionProcess(
         kind="provider_client",
         pid=receipt.pid,
-        started_at=round(receipt.started_at_s),
+        started_at=round(start_s),
         input_id=input_id,
         provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
         receipt=relative,
     )
-    return _Candidate(kind, receipt, signature, process, input_id, None)
+    return _Candidate(kind, receipt.pid, start_s, signature, process, input_id, None)
 
 
 @dataclass(slots=True)
@@ -446,8 +471,10 @@ class ActiveSessionReader:
             self._identity = self._stat_home()
         except (_Unavailable, OSError):  # reported by the first observation
             self._identity = None
+        # Candidates are keyed by their path relative to the home: the same
+        # string object is the process's ``receipt`` (one copy per receipt).
         self._candidates: dict[str, _Candidate] = {}
-        self._by_pid: dict[int, set[str]] = {}  # pid → candidate paths
+        self._by_pid: dict[int, set[str]] = {}  # pid → candidate keys
         self._errors: dict[str, _Error] = {}
         self._error_bytes = 0
         self._servers: list[ServerRegistryEntry] = []
@@ -596,9 +623,9 @@ class ActiveSessionReader:
         for pid, start in previous.items():
             if sample.get(pid) == start:
                 continue
-            for path in list(self._by_pid.get(pid, ())):
-                if not _live(self._candidates[path].receipt, sample):
-                    self._drop(path)
+            for key in list(self._by_pid.get(pid, ())):
+                if not self._candidates[key].live(sample):
+                    self._drop(key)
 
     def _take_changes(self) -> bool:
         """Move the feed's relevant paths into ``pending`` and its rescan request into
@@ -663,7 +690,8 @@ class ActiveSessionReader:
     def _recheck_all(self) -> None:
         """Step 2 without a trusted watcher: ``stat``-check every candidate and errored receipt."""
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
-        for path in [*self._candidates, *receipts]:  # a path is in one of the two
+        candidates = [os.path.join(self._home, key) for key in self._candidates]
+        for path in [*candidates, *receipts]:  # a path is in one of the two
             self._recheck(path)
         self._recheck_servers()
 
@@ -686,32 +714,35 @@ class ActiveSessionReader:
     # ----------------------------------------------------------------------
     # The cache's candidates: every change goes through _put and _drop
 
-    def _put(self, path: str, candidate: _Candidate) -> None:
-        """Make ``candidate`` the one at ``path``; a re-read that parsed the same keeps the old."""
-        old = self._candidates.get(path)
-        if old is not None and old.kind is candidate.kind and old.receipt == candidate.receipt:
+    def _put(self, key: str, candidate: _Candidate) -> None:
+        """Make ``candidate`` the one at ``key`` (its path under the home).
+
+        A re-read that parsed the same keeps the old one (and its place in the answer).
+        """
+        old = self._candidates.get(key)
+        if old is not None and old.same(candidate):
             old.signature = candidate.signature
             return
         if old is not None:
-            self._drop(path)
+            self._drop(key)
         self._mutations += 1
-        self._candidates[path] = candidate
-        self._by_pid.setdefault(candidate.receipt.pid, set()).add(path)
+        self._candidates[key] = candidate
+        self._by_pid.setdefault(candidate.pid, set()).add(key)
         if candidate.gap is not None:
             self._gap_counts[candidate.gap] = self._gap_counts.get(candidate.gap, 0) + 1
             self._gaps_changed = True
         else:
-            self._unasked.add(path)
+            self._unasked.add(key)
 
-    def _drop(self, path: str) -> None:
-        candidate = self._candidates.pop(path, None)
+    def _drop(self, key: str) -> None:
+        candidate = self._candidates.pop(key, None)
         if candidate is None:
             return
         self._mutations += 1
-        pid = candidate.receipt.pid
-        paths = self._by_pid[pid]
-        paths.discard(path)
-        if not paths:
+        pid = candidate.pid
+        keys = self._by_pid[pid]
+        keys.discard(key)
+        if not keys:
             del self._by_pid[pid]
         if candidate.gap is not None:
             self._gaps_changed = True
@@ -720,8 +751,8 @@ class ActiveSessionReader:
                 self._gap_counts[candidate.gap] = count
             else:
                 del self._gap_counts[candidate.gap]
-        elif path in self._unasked:
-            self._unasked.discard(path)
+        elif key in self._unasked:
+            self._unasked.discard(key)
         elif candidate.process is not None:
             self._move(candidate.owner, candidate.process, added=False)
 
@@ -987,15 +1018,20 @@ class ActiveSessionReader:
         if kind is not None:
             self._read_receipt(entry.path, kind)
 
+    def _key(self, path: str) -> str:
+        """The candidate key of an absolute path under the home."""
+        return path[len(self._home) + 1 :]
+
     def _drop_under(self, path: str) -> None:
         prefix = path + os.sep
-        for key in [k for k in self._candidates if k.startswith(prefix)]:
+        key_prefix = self._key(prefix) if path != self._home else ""
+        for key in [k for k in self._candidates if k.startswith(key_prefix)]:
             self._drop(key)
         for key in [k for k in self._errors if k == path or k.startswith(prefix)]:
             self._clear_error(key)
 
     def _forget(self, path: str) -> None:
-        self._drop(path)
+        self._drop(self._key(path))
         self._clear_error(path)
 
     def _read_receipt(self, path: str, kind: _Kind) -> None:
@@ -1009,7 +1045,7 @@ class ActiveSessionReader:
             self._forget(path)
             return
         except OSError as exc:
-            self._drop(path)
+            self._drop(self._key(path))
             self._set_error(path, f"cannot stat receipt: {_describe(exc)}", kind, None)
             return
         try:
@@ -1024,17 +1060,17 @@ class ActiveSessionReader:
                 else decode_provider_client_receipt(data)
             )
         except ReceiptError as exc:
-            self._drop(path)
+            self._drop(self._key(path))
             self._set_error(path, str(exc), kind, self._signature(before, read_ns))
             return
         self._clear_error(path)
-        if _live(receipt, self._sample):
-            relative = path[len(self._home) + 1 :]
-            input_dir = os.path.dirname(os.path.dirname(path))
-            signature = self._signature(st, read_ns)
-            self._put(path, _candidate(relative, kind, receipt, signature, input_dir))
+        key = self._key(path)
+        input_dir = os.path.dirname(os.path.dirname(path))
+        candidate = _candidate(key, kind, receipt, self._signature(st, read_ns), input_dir)
+        if candidate.live(self._sample):
+            self._put(key, candidate)
         else:
-            self._drop(path)
+            self._drop(key)
 
     def _signature(self, st: os.stat_result, read_ns: int) -> _Signature | None:
         """What a later ``stat`` check compares; none is kept while the watcher is trusted."""
@@ -1080,7 +1116,7 @@ class ActiveSessionReader:
 
     def _recheck(self, path: str) -> None:
         """Re-read a candidate or errored receipt, or trust ``lstat`` if nothing changed."""
-        candidate = self._candidates.get(path)
+        candidate = self._candidates.get(self._key(path))
         error = self._errors.get(path)
         kind = candidate.kind if candidate is not None else error.kind if error else None
         if kind is None:
@@ -1096,8 +1132,8 @@ class ActiveSessionReader:
         except OSError:
             st = None
         if st is not None and signature is not None and signature.unchanged(st):
-            if candidate is not None and not _live(candidate.receipt, self._sample):
-                self._drop(path)
+            if candidate is not None and not candidate.live(self._sample):
+                self._drop(self._key(path))
             return
         self._read_receipt(path, kind)
 
@@ -1175,13 +1211,6 @@ def _read_at_most(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def _live(receipt: Receipt, sample: ProcessSample) -> bool:
-    """Liveness of a receipt against one sample (seed 004 ``Receipt::live``)."""
-    if isinstance(receipt, ExecReceipt):
-        return matches_start(sample, receipt.pid, receipt.started_at, EXEC_RECEIPT_TOLERANCE_S)
-    return matches_start(sample, receipt.pid, receipt.started_at_s, PROVIDER_CLIENT_TOLERANCE_S)
 
 
 def _order(process: SessionProcess) -> tuple[str, int, int, str, str, str]:
