@@ -6,7 +6,11 @@ It uses only the writer kit that ships with the package (``capsule_client``):
 1. registers a session, its input and its execs in the ownership store;
 2. starts real background ``sleep`` processes (they outlive this script);
 3. writes a provider-client receipt and exec receipts for them;
-4. prints what it did, and how to watch and kill the processes.
+4. records the session's trace: ``session_start``, a trusted ``task_start``
+   and a ``shell_detached`` per exec process that never reports an outcome,
+   so a resumed session has something to reconcile;
+5. prints what it did, and how to watch and kill the processes and reconcile
+   the session.
 
 Run it with the same environment as the daemon (``CAPSULE_HOME`` or the
 default home), then ``capsulectl sessions``::
@@ -23,13 +27,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capsule_client.paths import default_home, store_path
+from capsule_client.paths import default_home, records_root, store_path
 from capsule_client.receipts import (
     make_private_dirs,
     write_exec_receipt,
     write_provider_client_receipt,
 )
 from capsule_client.store import OwnershipStore
+from capsule_client.trace import TraceWriter
 
 
 def start_sleep(seconds: int) -> int:
@@ -56,14 +61,20 @@ def main(argv: list[str] | None = None) -> int:
 
     tag = secrets.token_hex(4)
     session_id = f"ses_demo_{tag}"
+    context_id = f"ctx_demo_{tag}"
+    task_id = f"tsk_demo_{tag}"
     input_id = f"inp_demo_{tag}"
     exec_ids = [f"exe_demo_{tag}_build", f"exe_demo_{tag}_test"]
 
     with OwnershipStore(store_path(home)) as store:
-        store.register_session(session_id, context_id=f"ctx_demo_{tag}", title="demo session")
+        store.register_session(session_id, context_id=context_id, title="demo session")
         store.register_input(input_id, session_id)
         for exec_id in exec_ids:
             store.register_exec(exec_id, session_id)
+
+    trace = TraceWriter(records_root(home), session_id)
+    trace.session_start()
+    trace.task_start(task_id, "trusted", context_id=context_id)
 
     provider_pid = start_sleep(args.sleep_s)
     receipts = [
@@ -79,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         pid = start_sleep(args.sleep_s)
         command = f"sleep {args.sleep_s}  # {exec_id.rsplit('_', 1)[-1]}"
         receipts.append(("exec", pid, write_exec_receipt(home, exec_id, pid, command=command)))
+        trace.shell_detached(exec_id, "sleep", command, task_id=task_id)
 
     print(f"home:     {home}")
     print(f"store:    {store_path(home)}")
@@ -89,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print("See it:   capsulectl sessions")
     print(f"Kill one: kill {receipts[-1][1]}   (it leaves the snapshot within two samples)")
     print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
+    print(f"Resume:   capsulectl reconcile {session_id} --as ses_resumed --context {context_id}")
     return 0
 
 

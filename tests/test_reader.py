@@ -355,7 +355,8 @@ def test_a_home_writable_by_others_is_refused(world: World) -> None:
     snapshot = world.observe()
     assert snapshot.discovery == "unavailable"
     assert snapshot.gaps == [
-        f"home {world.home} is writable by group or others; refusing its receipts"
+        f"home {world.home} is writable by group or others; refusing its receipts. "
+        f"Fix: `chmod 0700 {world.home}`"
     ]
     os.chmod(world.home, 0o700)
     assert [p.pid for p in world.ready().unowned] == [process.pid]

@@ -10,6 +10,7 @@ JSON document; without it, output is for people and may change.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -114,7 +115,12 @@ def render_reconcile(from_session: str, report: LostReport | None) -> str:
     )
     rows = [("WORK", "DETACHED (UTC)", "BINARY", "COMMAND")]
     rows.extend(
-        (work.work_id, _detach_time(work.detached_at_ms), work.binary, _one_line(work.command))
+        (
+            _one_line(work.work_id),
+            _detach_time(work.detached_at_ms),
+            _one_line(work.binary),
+            _one_line(work.command),
+        )
         for work in report.lost
     )
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
@@ -137,8 +143,28 @@ def _detach_time(detached_at_ms: int) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
+#: Characters a terminal would act on: C0, DEL, C1.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    return _NAMED_ESCAPES.get(match[0], f"\\x{ord(match[0]):02x}")
+
+
+def _inert(text: str) -> str:
+    """``text`` with control characters spelt as escapes, so it is one inert line.
+
+    Commands, binaries and file names come from receipts and traces, which a
+    model's output can reach; printed raw, an escape sequence would act on
+    the reader's terminal and a newline would break the table.
+    """
+    return _CONTROL.sub(_escape, text)
+
+
 def _one_line(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    """:func:`_inert`, with backslashes doubled so that every escape is unambiguous."""
+    return _inert(text.replace("\\", "\\\\"))
 
 
 def _age(unix_s: float) -> str:
@@ -196,12 +222,12 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
     now = time.time() if now_s is None else now_s
     rows: list[tuple[str, ...]] = [("SESSION", "KIND", "PID", "AGE", "COMMAND / PROVIDER")]
     for session in snapshot.sessions:
-        name = session.session_id
+        name = _one_line(session.session_id)
         if session.context_id:
-            name += f" [{session.context_id}]"
+            name += f" [{_one_line(session.context_id)}]"
         for process in session.processes:
             age = _duration(max(now - process.started_at, 0.0))
-            rows.append((name, process.kind, str(process.pid), age, _what(process)))
+            rows.append((name, process.kind, str(process.pid), age, _one_line(_what(process))))
             name = ""
     lines = []
     if len(rows) > 1:
@@ -215,13 +241,13 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
     unowned = len(snapshot.unowned)
     lines.append(f"unowned:   {unowned} live receipt{'s' if unowned != 1 else ''} nobody owns")
     for server in snapshot.servers:
-        url = f" {server.url}" if isinstance(server.url, str) else ""
+        url = f" {_inert(server.url)}" if isinstance(server.url, str) else ""
         lines.append(f"server:    pid {server.pid}{url}")
     lines.append(
         f"discovery: {snapshot.discovery} (generation {snapshot.generation}, "
         f"observed {_duration(max(now - snapshot.observed_at, 0.0))} ago)"
     )
-    lines.extend(f"gap:       {gap}" for gap in snapshot.gaps)
+    lines.extend(f"gap:       {_inert(gap)}" for gap in snapshot.gaps)
     return "\n".join(lines)
 
 
@@ -263,15 +289,34 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 }
 
 
+def _timeout_s(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds (else a usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _socket_path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the socket path must not be empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``capsulectl`` command line."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--socket",
         metavar="PATH",
+        type=_socket_path,
         default=argparse.SUPPRESS,
         help="the daemon's socket (default: $CAPSULED_SOCKET, else "
-        "$XDG_RUNTIME_DIR/capsuled.sock, else $CAPSULE_HOME/capsuled.sock)",
+        "$XDG_RUNTIME_DIR/capsuled.sock, else HOME/capsuled.sock where HOME is "
+        "$CAPSULE_HOME, else $XDG_STATE_HOME/capsule, else ~/.local/state/capsule)",
     )
     common.add_argument(
         "--json",
@@ -282,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--timeout",
         metavar="S",
-        type=float,
+        type=_timeout_s,
         default=argparse.SUPPRESS,
         help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT_S:g})",
     )

@@ -29,6 +29,7 @@ import os
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from typing import Final, Literal
 
 import msgspec
@@ -37,6 +38,7 @@ from msgspec import UNSET, Struct, UnsetType
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
     "TRACE_FILE_NAME",
+    "LockWaitCancelled",
     "SessionStart",
     "ShellAbandoned",
     "ShellCompleted",
@@ -187,7 +189,16 @@ def is_session_directory_name(name: str) -> bool:
 # Lock and append (shared with the daemon's reconcile)
 
 
-def lock_trace(fd: int, timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S) -> None:
+class LockWaitCancelled(Exception):
+    """The wait for a trace's lock was given up because the caller asked to stop."""
+
+
+def lock_trace(
+    fd: int,
+    timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
+    *,
+    cancelled: Callable[[], bool] | None = None,
+) -> None:
     """Take the trace's exclusive advisory lock (``flock``) on ``fd``.
 
     Closing ``fd`` releases it.
@@ -195,21 +206,26 @@ def lock_trace(fd: int, timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S) -> Non
     Args:
         fd: an open descriptor of the trace.
         timeout_s: give up after this many seconds; ``None`` waits forever.
+        cancelled: asked between attempts while another holder has the lock;
+            ``True`` gives up the wait (a daemon shutting down).
 
     Raises:
         TimeoutError: another holder kept the lock past ``timeout_s``.
+        LockWaitCancelled: ``cancelled()`` said so before the lock was taken.
         OSError: ``flock`` failed otherwise.
     """
-    if timeout_s is None:
+    if timeout_s is None and cancelled is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
     delay_s = 0.0005
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
+            if cancelled is not None and cancelled():
+                raise LockWaitCancelled("gave up waiting for the trace's lock") from None
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 raise TimeoutError(

@@ -7,6 +7,7 @@ Blocking work never runs here: handlers hand it to worker threads.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Mapping
@@ -94,6 +95,10 @@ class Api:
         """
         return msgspec.Raw(await self.daemon.sessions.snapshot_json(params))
 
+    def _shutting_down(self) -> bool:
+        """Whether a shutdown began (read from worker threads: a plain attribute)."""
+        return self.daemon.dispatcher.shutting_down
+
     async def reader_rescan(self, params: NoParams) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""
         self.daemon.request_rescan()
@@ -112,11 +117,14 @@ class Api:
         """
         try:
             report = await anyio.to_thread.run_sync(
-                reconcile,
-                records_root(self.daemon.config.home),
-                params.from_session,
-                params.this_session,
-                params.context_id,
+                functools.partial(
+                    reconcile,
+                    records_root(self.daemon.config.home),
+                    params.from_session,
+                    params.this_session,
+                    params.context_id,
+                    cancelled=self._shutting_down,
+                )
             )
         except InternalError as exc:
             # An expected failure (unreadable trace, failed append): a warning with its cause.

@@ -5,7 +5,8 @@ to send back (without the newline), or ``None`` when nothing is owed: a
 notification, a batch of notifications, a blank line. The rules, with the
 codes of https://www.jsonrpc.org/specification:
 
-* not JSON (including invalid UTF-8): -32700 with ``id: null``;
+* not JSON (including invalid UTF-8, and JSON nested deeper than the
+  decoder's limit): -32700 with ``id: null``;
 * JSON that is not a request object, ``jsonrpc`` other than ``"2.0"``, a
   missing or non-string ``method``, an ``id`` that is not a string, number or
   null, ``params`` that are not an object or array: -32600 (with the request's
@@ -64,6 +65,9 @@ _str: Final = msgspec.json.Decoder(str)
 _EMPTY: Final = b"{}"
 _WHERE = re.compile(r" - at `\$\.?([^`]*)`$")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+# msgspec raises RecursionError, not DecodeError, on JSON nested past its depth limit.
+_TOO_DEEP = "parse error: JSON nested too deeply"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,8 @@ class Dispatcher:
             return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        except RecursionError:
+            return encode_error(PARSE_ERROR, _TOO_DEEP)
         reply = await self._handle_one(envelope)
         return None if reply is None else _encoder.encode(reply)
 
@@ -134,6 +140,8 @@ class Dispatcher:
             items = _batch.decode(text)
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        except RecursionError:
+            return encode_error(PARSE_ERROR, _TOO_DEEP)
         if not items:
             return encode_error(INVALID_REQUEST, "invalid request: empty batch")
         replies: list[SuccessResponse | ErrorResponse] = []
@@ -236,11 +244,11 @@ class Dispatcher:
             reason = str(exc)
             match = _WHERE.search(reason)
             reason = _WHERE.sub("", reason)
-            unknown = _UNKNOWN.search(reason)
+            named = _UNKNOWN.search(reason) or _MISSING.search(reason)
             if match and match.group(1):
                 param = match.group(1)
-            elif unknown:
-                param = unknown.group(1)[:100]
+            elif named:
+                param = named.group(1)[:100]
             else:
                 param = "params"
             raise _Invalid(

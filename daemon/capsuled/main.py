@@ -6,6 +6,7 @@ bad usage (a malformed flag or environment variable).
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -21,6 +22,9 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    # Until the event loop reads signals, SIGHUP (a rescan later) must not
+    # kill the daemon; SIGTERM and SIGINT this early find nothing to clean up.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = parse_args(argv)
     except ConfigError as exc:

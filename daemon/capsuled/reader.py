@@ -296,7 +296,7 @@ def _candidate(
             started_at=receipt.started_at,
             exec_id=receipt.exec_id,
             command=msgspec.UNSET if receipt.command is None else receipt.command,
-            receipt=relative,
+            receipt=_wire_text(relative),
         )
         return _Candidate(
             kind, receipt.pid, receipt.started_at, signature, process, receipt.exec_id, None
@@ -315,7 +315,7 @@ def _candidate(
         started_at=round(start_s),
         input_id=input_id,
         provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
-        receipt=relative,
+        receipt=_wire_text(relative),
     )
     return _Candidate(kind, receipt.pid, start_s, signature, process, input_id, None)
 
@@ -397,6 +397,25 @@ class Generations:
 
 def _describe(error: OSError) -> str:
     return error.strerror or str(error)
+
+
+def _wire_text(text: str) -> str:
+    """``text`` that JSON can carry: undecodable file-name bytes spelt ``\\xNN``.
+
+    POSIX names are bytes; Python gives the ones that are not UTF-8 as lone
+    surrogates (``surrogateescape``), which no JSON encoder accepts. A gap or
+    a receipt path naming such a file must still reach the wire (SPEC §3: an
+    error for that path, never a crash).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            raw = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return raw.decode("utf-8", "backslashreplace")
+    return text
 
 
 class ActiveSessionReader:
@@ -553,6 +572,7 @@ class ActiveSessionReader:
             self._owe_rescan()
             self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
+        snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
         return Observation(self.generations.stamp(snapshot), home_replaced)
 
@@ -944,7 +964,8 @@ class ActiveSessionReader:
             )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise _Unavailable(
-                f"home {self._home} is writable by group or others; refusing its receipts"
+                f"home {self._home} is writable by group or others; refusing its receipts. "
+                f"Fix: `chmod 0700 {self._home}`"
             )
         return st.st_dev, st.st_ino
 

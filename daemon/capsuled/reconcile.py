@@ -37,6 +37,7 @@ from capsule_client.protocol import LostReport, LostWork, Provenance
 from capsule_client.trace import (
     DEFAULT_LOCK_TIMEOUT_S,
     TRACE_FILE_NAME,
+    LockWaitCancelled,
     ShellLost,
     Trust,
     append_locked,
@@ -45,7 +46,7 @@ from capsule_client.trace import (
     lock_trace,
     now_ms,
 )
-from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, UnsafePath
+from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, ShuttingDown, UnsafePath
 
 __all__ = [
     "DetachedWork",
@@ -460,6 +461,7 @@ def reconcile(
     context_id: str,
     *,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    cancelled: Callable[[], bool] | None = None,
 ) -> LostReport | None:
     """Mark and report the background work ``from_session`` left unaccounted (SPEC §6).
 
@@ -478,6 +480,8 @@ def reconcile(
         this_session: the resuming session, recorded in the markers.
         context_id: echoed in the report.
         lock_timeout_s: how long to wait for another holder of the trace's lock.
+        cancelled: asked while waiting for that lock; ``True`` gives up the
+            wait before anything is read or written.
 
     Returns:
         The report, or ``None`` when nothing is lost (and nothing was written).
@@ -489,6 +493,8 @@ def reconcile(
             does not exist.
         UnsafePath: the session directory or the trace is a symlink or not a
             regular file; nothing is read or written.
+        ShuttingDown: ``cancelled()`` said so while the lock was held by
+            another; nothing was read or written.
         InternalError: the trace could not be read or locked, or the markers
             could not be appended (the append is rolled back: nothing is
             reported, nothing is marked); the cause is chained.
@@ -506,8 +512,12 @@ def reconcile(
     try:
         shown = os.path.join(root, from_session, TRACE_FILE_NAME)
         try:
-            lock_trace(fd, lock_timeout_s)
+            lock_trace(fd, lock_timeout_s, cancelled=cancelled)
             scan = _scan_locked(fd, this_session)
+        except LockWaitCancelled:
+            raise ShuttingDown(
+                "the daemon is shutting down; the trace was not read and nothing was written"
+            ) from None
         except OSError as exc:
             raise InternalError(f"could not read trace {shown}: {exc}") from exc
         pending = scan.unaccounted()

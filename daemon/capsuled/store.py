@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ from typing import Final, TypeVar
 from capsule_client.store import USER_VERSION
 
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
+
+#: The files SQLite opens by path for a store: the database, its WAL, its
+#: shared-memory index, its rollback journal.
+_STORE_SUFFIXES: Final = ("", "-wal", "-shm", "-journal")
 
 #: Keys per ``IN (...)`` list; below SQLite's historical 999-variable limit.
 CHUNK_SIZE: Final = 500
@@ -147,6 +152,7 @@ class OwnershipReader:
             return Ownership(
                 gaps=(f"ownership store {self.path} does not exist; nobody owns anything",)
             )
+        self._check_regular_files()
         try:
             db = sqlite3.connect(
                 self._uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None
@@ -160,6 +166,23 @@ class OwnershipReader:
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
         finally:
             db.close()
+
+    def _check_regular_files(self) -> None:
+        """Refuse a store whose files are not regular files (a FIFO would block ``open``)."""
+        for suffix in _STORE_SUFFIXES:
+            name = f"{self.path}{suffix}"
+            try:
+                mode = os.stat(name).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreUnavailable(
+                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}"
+                ) from exc
+            if not stat.S_ISREG(mode):
+                raise StoreUnavailable(
+                    f"ownership store {self.path} cannot be opened: {name} is not a regular file"
+                )
 
     def _query(
         self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]

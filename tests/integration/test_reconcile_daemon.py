@@ -7,6 +7,7 @@ import io
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from capsule_client import (
     InternalError,
     InvalidParams,
     NoSuchTrace,
+    ShuttingDown,
     UnsafePath,
 )
 from capsule_client.cli import main as capsulectl
@@ -380,3 +382,48 @@ def test_the_client_waits_while_the_daemon_waits_for_the_traces_lock(
 
     assert errors == []
     assert results == [WORKS]
+
+
+def test_a_shutdown_gives_up_the_wait_for_the_lock_and_answers_shutting_down(
+    daemon: DaemonProcess,
+) -> None:
+    trace = write_prior(daemon.home)
+    before = trace.read_bytes()
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            with Client(daemon.socket_path, timeout_s=30) as client:
+                client.reconcile("ses_prior", "ses_next", "ctx_1")
+        except BaseException as exc:
+            errors.append(exc)
+
+    holder = os.open(trace, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        thread = threading.Thread(target=call)
+        thread.start()
+        wait_until(
+            lambda: _has_open(daemon.pid, trace), message="the reconcile to wait for the lock"
+        )
+        started = time.monotonic()
+        assert daemon.stop(signal.SIGTERM) == 0
+        stopped_s = time.monotonic() - started
+        thread.join(timeout=10)
+    finally:
+        os.close(holder)
+    assert stopped_s < 4, "the drain did not wait out the lock"
+    assert [type(e) for e in errors] == [ShuttingDown]
+    assert trace.read_bytes() == before, "nothing was written"
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds ``path`` open (it opens the trace, then waits to lock it)."""
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir():
+        try:
+            if os.readlink(fd) == str(path):
+                return True
+        except OSError:
+            continue
+    return False

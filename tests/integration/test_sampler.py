@@ -1,0 +1,32 @@
+"""The sampler observes every ``--sample-interval`` with nobody asking (SPEC §8)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from support import DaemonProcess, wait_until
+
+from capsule_client import Client
+
+
+def test_observations_follow_the_sample_interval_without_requests(short_dir: Path) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    with (
+        DaemonProcess(home, short_dir / "s.sock", args=["--sample-interval", "0.2"]) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        first = client.status().totals.observations
+        started = time.monotonic()
+        wait_until(
+            lambda: client.status().totals.observations >= first + 5,
+            timeout_s=5,
+            message="five observations nobody asked for",
+        )
+        elapsed_s = time.monotonic() - started
+        # Five intervals of 0.2 s cannot pass in under 0.8 s (first one may be due at once).
+        assert elapsed_s >= 0.6, elapsed_s
+        status = client.status()
+        assert status.last_observed_at is not None
+        assert time.time() - status.last_observed_at < 2.0

@@ -1,0 +1,89 @@
+"""capsulectl's tables print what receipts and traces say without letting it act on a terminal.
+
+Commands, binaries, file names and ids come from files that a model's output
+can reach (SPEC §3, §6); the human tables (SPEC §9) spell control characters
+as escapes and keep one row per line. ``--json`` is untouched: JSON escapes them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from capsule_client.cli import render_reconcile, render_sessions
+from capsule_client.protocol import (
+    ActiveSessionsSnapshot,
+    DiscoveryCost,
+    LostReport,
+    LostWork,
+    Provenance,
+    ServerEntry,
+    Session,
+    SessionProcess,
+)
+
+ESC = "\x1b"
+C1_CSI = "\x9b"
+HOSTILE = f"make{ESC}[2J{C1_CSI}31m\x07 test\r\nrm -rf /\t\x00end"
+
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # everything but the table's own \n
+
+
+def snapshot() -> ActiveSessionsSnapshot:
+    process = SessionProcess(kind="exec", pid=4242, started_at=0, command=HOSTILE)
+    return ActiveSessionsSnapshot(
+        home="/home/u/.local/state/capsule",
+        observed_at=0.0,
+        generation=3,
+        task=None,
+        discovery="ready",
+        sessions=[Session(session_id=f"ses_{ESC}x", context_id=f"ctx\n{ESC}", processes=[process])],
+        unowned=[],
+        servers=[ServerEntry(pid=77, url=f"http://h/{ESC}]0;title\x07")],
+        gaps=[f"/home/u/runs/r/{ESC}[31mred.json: not a regular file"],
+        cost=DiscoveryCost(),
+    )
+
+
+def test_the_sessions_table_escapes_control_characters() -> None:
+    text = render_sessions(snapshot(), now_s=10.0)
+    assert not CONTROL.search(text), repr(text)
+    lines = text.splitlines()
+    [row] = [line for line in lines if "4242" in line]
+    assert "make\\x1b[2J\\x9b31m\\x07 test\\r\\nrm -rf /\\t\\x00end" in row
+    assert row.startswith("ses_\\x1bx [ctx\\n\\x1b]")
+    assert "gap:       /home/u/runs/r/\\x1b[31mred.json: not a regular file" in lines
+    assert "server:    pid 77 http://h/\\x1b]0;title\\x07" in lines
+
+
+def test_the_reconcile_table_escapes_control_characters() -> None:
+    report = LostReport(
+        started_in_session="ses_a",
+        lost=[
+            LostWork(
+                work_id=f"wrk\n{ESC}", binary=f"/bin/sh{ESC}[8m", command=HOSTILE, detached_at_ms=0
+            )
+        ],
+        context_id="ctx",
+        provenance=Provenance(origin="completion", trust="untrusted"),
+        task_id="tsk_0",
+        message="",
+    )
+    text = render_reconcile("ses_a", report)
+    assert not CONTROL.search(text), repr(text)
+    row = text.splitlines()[-1]
+    assert row.startswith("wrk\\n\\x1b")
+    assert "/bin/sh\\x1b[8m" in row
+    assert row.endswith("rm -rf /\\t\\x00end")
+
+
+def test_plain_text_and_backslashes_read_as_before() -> None:
+    report = LostReport(
+        started_in_session="ses_a",
+        lost=[LostWork(work_id="wrk_1", binary="sh", command='echo "a\\b"', detached_at_ms=0)],
+        context_id="ctx",
+        provenance=Provenance(origin="completion", trust="trusted"),
+        task_id="tsk_0",
+        message="",
+    )
+    row = render_reconcile("ses_a", report).splitlines()[-1]
+    assert row.split() == ["wrk_1", "unknown", "sh", "echo", '"a\\\\b"']

@@ -1,0 +1,28 @@
+"""``capsulectl`` usage errors exit 2 with a reason, before any connection (SPEC §9)."""
+
+from __future__ import annotations
+
+import pytest
+
+from capsule_client.cli import main
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_is_a_usage_error(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--timeout", timeout, "ping"]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout" in err and "positive number of seconds" in err
+    assert "Traceback" not in err
+
+
+def test_a_positive_timeout_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    # Nothing listens there: the command gets as far as connecting (exit 3).
+    assert main(["--socket", "/nonexistent/capsuled.sock", "--timeout", "0.5", "ping"]) == 3
+    assert "not running" in capsys.readouterr().err
+
+
+def test_an_empty_socket_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ping", "--socket", ""]) == 2
+    assert "must not be empty" in capsys.readouterr().err

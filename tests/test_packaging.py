@@ -1,0 +1,36 @@
+"""The distribution's shape (SPEC §1): two import packages, two commands, typed, bounded deps."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.resources
+import re
+
+import capsule_client
+import capsuled
+
+
+def test_console_scripts_name_the_two_entry_points() -> None:
+    scripts = {
+        ep.name: ep.value
+        for ep in importlib.metadata.distribution("capsuled").entry_points
+        if ep.group == "console_scripts"
+    }
+    assert scripts == {"capsuled": "capsuled.main:main", "capsulectl": "capsule_client.cli:main"}
+
+
+def test_both_packages_ship_py_typed() -> None:
+    for package in (capsuled, capsule_client):
+        assert importlib.resources.files(package.__name__).joinpath("py.typed").is_file()
+
+
+def test_dependencies_have_lower_bounds_and_anyio_is_new_enough() -> None:
+    requires = importlib.metadata.requires("capsuled") or []
+    runtime = [r for r in requires if "extra ==" not in r]
+    assert runtime, requires
+    for requirement in runtime:
+        assert ">=" in requirement, requirement
+    [anyio] = [r for r in runtime if re.match(r"anyio\b", r)]
+    floor = re.search(r">=\s*(\d+)\.(\d+)", anyio)
+    assert floor and (int(floor.group(1)), int(floor.group(2))) >= (4, 14), anyio
+    assert importlib.metadata.metadata("capsuled")["Requires-Python"] == ">=3.11"
