@@ -111,6 +111,7 @@ class OwnershipReader:
         except OSError as exc:
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
         identity = (st.st_dev, st.st_ino)
+        self._check_regular_files()
         try:
             if self._probe is None or self._probe_identity != identity:
                 self.close()
