@@ -38,6 +38,7 @@ import enum
 import errno
 import os
 import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ from capsule_client.receipts import (
 )
 from capsuled.changes import ChangeFeed
 from capsuled.processes import ProcessSample, matches_start, sample_processes
-from capsuled.store import OwnershipReader, StoreUnavailable, StoreVersion
+from capsuled.store import Ownership, OwnershipReader, StoreUnavailable, StoreVersion
 
 __all__ = [
     "GAP_CATCHING_UP",
@@ -229,7 +230,11 @@ class _Signature:
         ) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-class _Candidate:
+#: The owner of a candidate whose ownership was not asked yet.
+_UNASKED: Final = "\0unasked"
+
+
+class _Candidate(msgspec.Struct, gc=False):
     """A receipt that parsed and was live at its last read, projected once.
 
     The decoded receipt is not kept: ``process`` carries what snapshots list
@@ -239,28 +244,19 @@ class _Candidate:
     asked of the store; ``owner`` the session that owns it (None: nobody)
     once ownership was asked, :data:`_UNASKED` before. ``signature`` is None
     when the reader trusts the watcher (nothing re-checks it).
+
+    Untracked by the garbage collector (``gc=False``): it refers to nothing
+    that could refer back to it.
     """
 
-    __slots__ = ("gap", "key", "kind", "owner", "pid", "process", "signature", "start_s")
-
-    def __init__(
-        self,
-        kind: _Kind,
-        pid: int,
-        start_s: float,
-        signature: _Signature | None,
-        process: SessionProcess | None,
-        key: str,
-        gap: str | None,
-    ) -> None:
-        self.kind = kind
-        self.pid = pid
-        self.start_s = start_s
-        self.signature = signature
-        self.process = process
-        self.key = key
-        self.gap = gap
-        self.owner: str | None = _UNASKED
+    kind: _Kind
+    pid: int
+    start_s: float
+    signature: _Signature | None
+    process: SessionProcess | None
+    key: str
+    gap: str | None
+    owner: str | None = _UNASKED
 
     def same(self, other: _Candidate) -> bool:
         """Whether ``other`` says what this one says (a re-read of an unchanged receipt)."""
@@ -281,10 +277,6 @@ class _Candidate:
         return matches_start(sample, self.pid, self.start_s, tolerance_s)
 
 
-#: The owner of a candidate whose ownership was not asked yet.
-_UNASKED: Final = "\0unasked"
-
-
 def _candidate(
     relative: str, kind: _Kind, receipt: Receipt, signature: _Signature | None, input_dir: str
 ) -> _Candidate:
@@ -295,14 +287,14 @@ def _candidate(
             pid=receipt.pid,
             started_at=receipt.started_at,
             exec_id=receipt.exec_id,
-            command=msgspec.UNSET if receipt.command is None else receipt.command,
+            command=msgspec.UNSET if receipt.command is None else sys.intern(receipt.command),
             receipt=_wire_text(relative),
         )
         return _Candidate(
             kind, receipt.pid, receipt.started_at, signature, process, receipt.exec_id, None
         )
     start_s = receipt.started_at_s
-    input_id = relative.split(os.sep)[2]
+    input_id = sys.intern(relative.split(os.sep)[2])  # shared by the input's clients
     if not is_valid_input_id(input_id):
         gap = (
             f"{input_dir}: {input_id!r} is not an input id"
@@ -314,7 +306,7 @@ def _candidate(
         pid=receipt.pid,
         started_at=round(start_s),
         input_id=input_id,
-        provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
+        provider=msgspec.UNSET if receipt.provider is None else sys.intern(receipt.provider),
         receipt=_wire_text(relative),
     )
     return _Candidate(kind, receipt.pid, start_s, signature, process, input_id, None)
@@ -493,7 +485,7 @@ class ActiveSessionReader:
         # Candidates are keyed by their path relative to the home: the same
         # string object is the process's ``receipt`` (one copy per receipt).
         self._candidates: dict[str, _Candidate] = {}
-        self._by_pid: dict[int, set[str]] = {}  # pid → candidate keys
+        self._by_pid: dict[int, dict[str, None]] = {}  # pid → candidate keys
         self._errors: dict[str, _Error] = {}
         self._error_bytes = 0
         self._servers: list[ServerRegistryEntry] = []
@@ -747,7 +739,7 @@ class ActiveSessionReader:
             self._drop(key)
         self._mutations += 1
         self._candidates[key] = candidate
-        self._by_pid.setdefault(candidate.pid, set()).add(key)
+        self._by_pid.setdefault(candidate.pid, {})[key] = None
         if candidate.gap is not None:
             self._gap_counts[candidate.gap] = self._gap_counts.get(candidate.gap, 0) + 1
             self._gaps_changed = True
@@ -761,7 +753,7 @@ class ActiveSessionReader:
         self._mutations += 1
         pid = candidate.pid
         keys = self._by_pid[pid]
-        keys.discard(key)
+        del keys[key]
         if not keys:
             del self._by_pid[pid]
         if candidate.gap is not None:
@@ -814,12 +806,21 @@ class ActiveSessionReader:
             del self._rows[pid]
         self._rows.update(answer.processes)
         self._contexts.update(answer.contexts)
-        for path in paths:
-            candidate = self._candidates[path]
+        self._assign(paths, answer)
+        if not self._unasked:
+            self._unasked = set()  # a set does not shrink as it empties
+        self._store_version = version
+
+    def _assign(self, keys: list[str], answer: Ownership) -> None:
+        """Set the owners of the candidates at ``keys``; record how the groups move."""
+        for key in keys:
+            candidate = self._candidates[key]
             by_key = answer.execs if candidate.kind is _Kind.EXEC else answer.inputs
             owner = by_key.get(candidate.key)
-            if path in self._unasked:
-                self._unasked.discard(path)
+            if owner is not None:
+                owner = sys.intern(owner)  # one string per session, not per receipt
+            if key in self._unasked:
+                self._unasked.discard(key)
             elif owner == candidate.owner:
                 continue
             elif candidate.process is not None:
@@ -827,7 +828,6 @@ class ActiveSessionReader:
             candidate.owner = owner
             if candidate.process is not None:
                 self._move(owner, candidate.process, added=True)
-        self._store_version = version
 
     # ----------------------------------------------------------------------
     # Projection (SPEC §5 step 3)
