@@ -15,13 +15,20 @@ time per reader.
 
 Departures from the seed, each allowed by SPEC §5:
 
-* Step 2 re-checks a candidate with ``lstat`` (device, inode, size,
-  ``mtime_ns``, ``ctime_ns``) and re-reads only what changed, so an
-  observation in which nothing changed costs one ``stat`` per candidate and no
-  reads. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
+* Step 2 ("re-reads every candidate ... a re-read may be replaced by a
+  ``stat`` check ... as long as the result is the same"): while a watcher
+  feeds the reader (``trust_watcher``), the check is the watcher itself, and
+  only the paths it reported are read; the periodic rescan is the net under
+  silent overflows. Without one, step 2 re-checks a candidate with ``lstat``
+  (device, inode, size, ``mtime_ns``, ``ctime_ns``) and re-reads only what
+  changed. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
   moment it was read is re-read anyway, because a later write in the same
   timestamp tick would leave the same stamps (git's "racy clean" problem).
-  Liveness is always re-evaluated against the fresh sample.
+  Liveness is re-evaluated against every fresh sample, for the candidates of
+  the pids the sample shows gone or reused.
+* Step 3 asks the store only about what it was not asked before, unless the
+  store's ``PRAGMA data_version`` moved; step 4 compares that version instead
+  of querying again.
 * A pending path that forces a rescan makes *this* observation walk from
   scratch, instead of answering ``scanning`` first.
 * Watcher changes that cannot affect the answer (the store, traces under
@@ -432,9 +439,9 @@ class ActiveSessionReader:
     other candidates are not ``stat``-checked (SPEC §5 step 2 allows a re-read
     to be replaced by a check "as long as the result is the same": here that
     rests on the watcher reporting every write). Kernel queue overflows are
-    silent (LIBRARY-FACTS.md), so the periodic full rescan the watcher owes
-    (``--rescan-interval``) is the net under a lost event, and any error of
-    the watch itself owes a rescan at once. Without it (a library user
+    silent (LIBRARY-FACTS.md): the periodic rescan is the net under silent
+    overflows (the full walk the watcher owes every ``--rescan-interval``,
+    SPEC §8), and any error of the watch itself owes a rescan at once. Without it (a library user
     without a watcher), every observation ``stat``-checks every candidate and
     errored receipt and re-reads what changed, as before.
 
