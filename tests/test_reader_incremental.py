@@ -121,6 +121,15 @@ def test_an_unchanged_answer_is_the_previous_one(world: World) -> None:
     assert second.sessions is first.sessions
     assert second.unowned is first.unowned
 
+    broken = world.home / "runtime/exec-processes/broken.json"
+    broken.write_text("{")
+    world.feed.add([broken])
+    third = reader.observe().snapshot
+    assert third.generation == first.generation + 1
+    assert any(gap.startswith(str(broken)) for gap in third.gaps)
+    assert third.sessions is first.sessions  # only the gaps changed
+    assert third.unowned is first.unowned
+
 
 def test_incremental_answers_equal_a_walk_from_scratch(world: World) -> None:
     """Receipts come, change, move between sessions and go; processes exit; the store

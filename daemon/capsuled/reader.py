@@ -840,50 +840,33 @@ class ActiveSessionReader:
     # Projection (SPEC §5 step 3)
 
     def _project(self) -> _Answer:
-        """The answer's lists; the previous ones, where nothing they rest on changed."""
-        sample = self._sample
+        """The answer's lists; the previous ones, where nothing they rest on changed.
+
+        Lists are never changed in place once answered (earlier snapshots
+        and their encoded bytes keep them): a changed list is a new one.
+        """
         dirty = self._regroup_all() if self._regroup else self._apply_moves()
         if self._contexts_changed:
             dirty.update(self._groups)
             dirty.add("")  # the session list is built again even if no group remains
             self._contexts_changed = False
-        owned_processes: dict[str, list[SessionProcess]] = {}
-        for pid, rows in self._rows.items():
-            for started_at, session_id in rows:
-                if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
-                    owned_processes.setdefault(session_id, []).append(
-                        SessionProcess(kind="process", pid=pid, started_at=started_at)
-                    )
-        servers = self._live_servers(sample)
+        owned_processes = self._owned_processes()
+        servers = self._live_servers(self._sample)
         previous = self._answer
-        if (
-            previous is not None
-            and not dirty
+        if previous is None:
+            previous = _Answer([], [], [], [], {}, {})
+        elif (
+            not dirty
             and owned_processes == previous.owned_processes
             and servers == previous.servers
             and not self._gaps_changed
         ):
             return previous
-        sessions: list[Session] = []
-        previous_sessions = {} if previous is None else previous.by_id
-        by_id: dict[str, Session] = {}
-        owners = {owner for owner in self._groups if owner is not None}
-        for session_id in sorted(owners | owned_processes.keys()):
-            processes = owned_processes.get(session_id)
-            session = previous_sessions.get(session_id)
-            previous_processes = None if previous is None else previous.owned_processes
-            if (
-                session is None
-                or session_id in dirty
-                or processes != (previous_processes or {}).get(session_id)
-            ):
-                listed = self._groups.get(session_id, [])
-                if processes:
-                    listed = sorted([*listed, *processes], key=_order)
-                session = Session(session_id, self._contexts.get(session_id), listed)
-            sessions.append(session)
-            by_id[session_id] = session
-        if self._gaps_changed or previous is None:
+        sessions, by_id = self._sessions(previous, dirty, owned_processes)
+        unowned = self._groups.get(None)
+        if unowned is None:
+            unowned = previous.unowned if not previous.unowned else []
+        if self._gaps_changed or self._answer is None:
             gaps = [
                 *self._ownership_gaps,
                 *sorted(self._gap_counts),
@@ -892,10 +875,51 @@ class ActiveSessionReader:
         else:
             gaps = previous.gaps
         self._gaps_changed = False
-        self._answer = _Answer(
-            sessions, self._groups.get(None, []), servers, gaps, owned_processes, by_id
-        )
+        if servers == previous.servers:
+            servers = previous.servers
+        self._answer = _Answer(sessions, unowned, servers, gaps, owned_processes, by_id)
         return self._answer
+
+    def _owned_processes(self) -> dict[str, list[SessionProcess]]:
+        """session id → the sampled processes it owns by (pid, start time) rows."""
+        owned: dict[str, list[SessionProcess]] = {}
+        for pid, rows in self._rows.items():
+            for started_at, session_id in rows:
+                if matches_start(self._sample, pid, started_at, PROCESS_TOLERANCE_S):
+                    owned.setdefault(session_id, []).append(
+                        SessionProcess(kind="process", pid=pid, started_at=started_at)
+                    )
+        return owned
+
+    def _sessions(
+        self,
+        previous: _Answer,
+        dirty: set[str | None],
+        owned_processes: dict[str, list[SessionProcess]],
+    ) -> tuple[list[Session], dict[str, Session]]:
+        """The sessions, rebuilding only the dirty ones; the previous list if none was."""
+        sessions: list[Session] = []
+        by_id: dict[str, Session] = {}
+        owners = {owner for owner in self._groups if owner is not None}
+        for session_id in sorted(owners | owned_processes.keys()):
+            processes = owned_processes.get(session_id)
+            session = previous.by_id.get(session_id)
+            if (
+                session is None
+                or session_id in dirty
+                or processes != previous.owned_processes.get(session_id)
+            ):
+                listed = self._groups.get(session_id, [])
+                if processes:
+                    listed = sorted([*listed, *processes], key=_order)
+                session = Session(session_id, self._contexts.get(session_id), listed)
+            sessions.append(session)
+            by_id[session_id] = session
+        if len(sessions) == len(previous.sessions) and all(
+            new is old for new, old in zip(sessions, previous.sessions, strict=True)
+        ):
+            return previous.sessions, previous.by_id
+        return sessions, by_id
 
     def _regroup_all(self) -> set[str | None]:
         """Every group from the candidates, sorted; returns the owners (all dirty)."""
