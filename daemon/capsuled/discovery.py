@@ -59,6 +59,7 @@ from capsule_client.protocol import (
     WatcherMode,
 )
 
+from . import heap
 from .changes import ChangeFeed
 from .errors import InternalError, ShuttingDown
 from .reader import (
@@ -136,6 +137,14 @@ def _encode(
         view[sessions_at : sessions_at + len(sessions)],
         view[unowned_at : unowned_at + len(unowned)],
     )
+
+
+def _observe(reader: ActiveSessionReader) -> Observation:
+    """One observation; after a walk from scratch, the freed heap goes back to the OS."""
+    observation = reader.observe()
+    if observation.snapshot.cost.rescans:
+        heap.trim()  # the walk's garbage
+    return observation
 
 
 #: Pause between two attempts of an observation that answered ``scanning``.
@@ -297,7 +306,7 @@ class Discovery:
             reader.trust_watcher = self.watcher_mode != "off"
             if not reader.trust_watcher:
                 self.changes.request_rescan()
-            observation = await anyio.to_thread.run_sync(reader.observe)
+            observation = await anyio.to_thread.run_sync(_observe, reader)
             self._count(observation)
             if observation.home_replaced and reader is self._reader:
                 self._restart_reader(observation)
