@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint clean
+.PHONY: run test lint bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,16 @@ test: lint
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check daemon client tests
-	$(BIN)/ruff format --check daemon client tests
-	$(BIN)/mypy --strict daemon client
+	$(BIN)/ruff check daemon client tests benchmarks
+	$(BIN)/ruff format --check daemon client tests benchmarks
+	$(BIN)/mypy --strict daemon client benchmarks
+
+# The benchmarks (outside the test suite): full sizes rewrite docs/benchmarks.md.
+bench: $(VENV)/.installed-run
+	$(BIN)/python -m benchmarks
+
+bench-quick: $(VENV)/.installed-run
+	$(BIN)/python -m benchmarks --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

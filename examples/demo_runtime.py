@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"started:  {kind:<15} pid {pid:<7} receipt {path.relative_to(home)}")
     print()
     print("See it:   capsulectl sessions")
-    print(f"Kill one: kill {receipts[-1][1]}   (it leaves the snapshot within two samples)")
+    print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `capsulectl watch`)")
     print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
     print(f"Resume:   capsulectl reconcile {session_id} --as ses_resumed --context {context_id}")
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import World, pids, sleepers
+from sessions_support import OwnershipMovingOnce, World, pids, sleepers
 from support import wait_until
 
 from capsule_client.protocol import ServerEntry, SessionProcess
@@ -438,3 +438,17 @@ def test_changes_under_a_symlinked_home_path_are_understood(world: World, tmp_pa
     snapshot = reader.observe().snapshot
     assert [p.exec_id for p in snapshot.unowned] == ["exe_1"]
     assert snapshot.cost.rescans == 0
+
+
+def test_a_scanning_answer_keeps_the_generation_of_the_last_settled_one(world: World) -> None:
+    process = world.pool.start()
+    world.own("ses_a", execs=["exe_1"])
+    world.feed.add([world.exec_receipt("exe_1", process.pid)])
+    settled = world.ready()
+    world.reader.ownership = OwnershipMovingOnce(world)  # moves during the next observation
+    moved = world.observe()
+    assert moved.discovery == "scanning"
+    assert moved.generation == settled.generation
+    again = world.ready()  # the move (a new owner) counts once, the scanning not at all
+    assert pids(again) == {"ses_late": [("exec", process.pid)]}
+    assert again.generation == settled.generation + 1

@@ -163,3 +163,45 @@ def test_reader_never_writes(db: Path) -> None:
 def test_busy_timeout_below_one_second_is_refused(db: Path) -> None:
     with pytest.raises(ValueError, match="1 s"):
         OwnershipReader(db, busy_timeout_s=0.5)
+
+
+def test_reads_tables_only_when_the_data_version_moved_or_keys_are_new(db: Path) -> None:
+    with OwnershipStore(db) as store:
+        store.register_session("ses_a", context_id="ctx_a")
+        store.register_input("inp_a", "ses_a")
+    reader = OwnershipReader(db)
+    try:
+        first = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
+        assert first.inputs == {"inp_a": "ses_a"} and reader.queries == 1
+        again = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
+        assert again == first and reader.queries == 1  # nothing written: the cache answers
+        reader.session_process_ownership(["inp_a"], [], [10, 12])  # one new key: one query
+        assert reader.queries == 2
+        with OwnershipStore(db) as store:
+            store.register_session("ses_b", context_id="ctx_b")
+            store.register_input("inp_b", "ses_b")
+        after = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
+        assert after.inputs == {"inp_a": "ses_a", "inp_b": "ses_b"}
+        assert after.contexts == {"ses_a": "ctx_a", "ses_b": "ctx_b"}
+        assert reader.queries == 3
+    finally:
+        reader.close()
+
+
+def test_a_replaced_store_is_read_afresh(db: Path) -> None:
+    with OwnershipStore(db) as store:
+        store.register_session("ses_old")
+        store.register_input("inp_a", "ses_old")
+    reader = OwnershipReader(db)
+    try:
+        assert reader.session_process_ownership(["inp_a"], [], []).inputs == {"inp_a": "ses_old"}
+        for path in db.parent.glob("capsule.db*"):
+            path.unlink()
+        missing = reader.session_process_ownership(["inp_a"], [], [])
+        assert missing.inputs == {} and "does not exist" in missing.gaps[0]
+        with OwnershipStore(db) as store:
+            store.register_session("ses_new")
+            store.register_input("inp_a", "ses_new")
+        assert reader.session_process_ownership(["inp_a"], [], []).inputs == {"inp_a": "ses_new"}
+    finally:
+        reader.close()

@@ -10,8 +10,8 @@ socket as SPEC §2 says and raise the exceptions listed in
 ``capsule_client.protocol``.
 """
 
-from ._async_client import AsyncClient
-from ._client import Client
+from ._async_client import AsyncClient, AsyncSubscription
+from ._client import Client, Subscription
 from ._core import DEFAULT_TIMEOUT_S
 from ._exceptions import (
     CapsuleError,
@@ -30,6 +30,7 @@ from ._exceptions import (
     RemoteError,
     RequestTimeout,
     ShuttingDown,
+    SubscriptionDropped,
     UnsafePath,
 )
 from .paths import default_home, default_socket
@@ -37,6 +38,7 @@ from .paths import default_home, default_socket
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "AsyncClient",
+    "AsyncSubscription",
     "CapsuleError",
     "Client",
     "ClientClosed",
@@ -54,6 +56,8 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "ShuttingDown",
+    "Subscription",
+    "SubscriptionDropped",
     "UnsafePath",
     "default_home",
     "default_socket",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -14,9 +15,16 @@ from msgspec import Raw
 from . import _core
 from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
-from .protocol import ActiveSessionsSnapshot, LostReport, PingResult, RescanResult, StatusResult
+from .protocol import (
+    ActiveSessionsSnapshot,
+    LostReport,
+    PingResult,
+    RescanResult,
+    SessionsChanged,
+    StatusResult,
+)
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "AsyncSubscription"]
 
 T = TypeVar("T")
 
@@ -76,9 +84,22 @@ class AsyncClient:
         timeout_ms: int | None = None,
         max_age_ms: int | None = None,
         since: int | None = None,
+        usage: bool = False,
     ) -> ActiveSessionsSnapshot:
         """``sessions.snapshot`` (SPEC §7); params as in :class:`~.protocol.SnapshotParams`."""
-        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since))
+        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage))
+
+    def subscribe(self, *, since: int | None = None) -> AsyncSubscription:
+        """``sessions.subscribe``: an async iterator of the answer's changes.
+
+        >>> async with client.subscribe() as changes:   # doctest: +SKIP
+        ...     async for change in changes:            # SessionsChanged, first full
+        ...         print(change.generation, change.added, change.removed)
+
+        The subscription uses this client's connection: while one task
+        iterates, make calls from another client. See :class:`AsyncSubscription`.
+        """
+        return AsyncSubscription(self, since)
 
     async def reconcile(
         self, from_session: str, this_session: str, context_id: str
@@ -110,7 +131,10 @@ class AsyncClient:
             try:
                 with anyio.fail_after(self._core.timeout_for(call)):
                     stream, reader = await self._connect()
-                    await stream.send(data)
+                    try:
+                        await stream.send(data)
+                    except anyio.BrokenResourceError:
+                        pass  # refused before the request arrived: read why (see Client)
                     while True:
                         line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
                         result = self._core.read_reply(request_id, line)
@@ -128,6 +152,25 @@ class AsyncClient:
                 await self._disconnect()
                 raise
 
+    async def _next_change(self, subscription: str) -> SessionsChanged:
+        """Wait until the daemon sends a change of ``subscription``."""
+        async with self._lock:
+            while True:
+                change = self._core.next_change(subscription)
+                if change is not None:
+                    return change
+                reader = self._reader
+                if reader is None:
+                    raise ConnectionLost(f"the connection to {self.socket_path} is closed")
+                try:
+                    line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
+                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+                    await self._disconnect()
+                    raise ConnectionLost(
+                        f"the daemon at {self.socket_path} closed the connection"
+                    ) from exc
+                self._core.read_notification(line)
+
     async def _connect(self) -> tuple[SocketStream, BufferedByteReceiveStream]:
         if self._stream is None or self._reader is None:
             try:
@@ -142,3 +185,53 @@ class AsyncClient:
         if stream is not None:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
+
+
+class AsyncSubscription:
+    """A ``sessions.subscribe`` subscription: an async iterator of
+    :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
+
+    Subscribes on entering (or on the first ``anext``); :meth:`aclose` (or
+    leaving the ``async with`` block) unsubscribes.
+
+    Raises (from iterating):
+        SubscriptionDropped: the daemon dropped the subscription (it fell
+            behind); subscribe again for a fresh full answer.
+        ConnectionLost: the daemon went away.
+    """
+
+    def __init__(self, client: AsyncClient, since: int | None) -> None:
+        self._client = client
+        self._since = since
+        self.id: str | None = None
+
+    async def __aenter__(self) -> AsyncSubscription:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[SessionsChanged]:
+        return self
+
+    async def __anext__(self) -> SessionsChanged:
+        return await self._client._next_change(await self._start())
+
+    async def _start(self) -> str:
+        if self.id is None:
+            result = await self._client._call(_core.subscribe(self._since))
+            self.id = result.subscription
+            self._client._core.subscribed(self.id)
+        return self.id
+
+    async def aclose(self) -> None:
+        """Unsubscribe (if the connection is still there); idempotent."""
+        subscription, self.id = self.id, None
+        if subscription is None:
+            return
+        self._client._core.unsubscribed(subscription)
+        if self._client._stream is not None:
+            with anyio.CancelScope(shield=True):
+                await self._client._call(_core.unsubscribe(subscription))
+            self._client._core.unsubscribed(subscription)

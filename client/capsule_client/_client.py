@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -13,9 +14,16 @@ from msgspec import Raw
 from . import _core
 from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
-from .protocol import ActiveSessionsSnapshot, LostReport, PingResult, RescanResult, StatusResult
+from .protocol import (
+    ActiveSessionsSnapshot,
+    LostReport,
+    PingResult,
+    RescanResult,
+    SessionsChanged,
+    StatusResult,
+)
 
-__all__ = ["Client"]
+__all__ = ["Client", "Subscription"]
 
 T = TypeVar("T")
 
@@ -79,9 +87,23 @@ class Client:
         timeout_ms: int | None = None,
         max_age_ms: int | None = None,
         since: int | None = None,
+        usage: bool = False,
     ) -> ActiveSessionsSnapshot:
         """``sessions.snapshot`` (SPEC §7); params as in :class:`~.protocol.SnapshotParams`."""
-        return self._call(_core.snapshot(task, timeout_ms, max_age_ms, since))
+        return self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage))
+
+    def subscribe(self, *, since: int | None = None) -> Subscription:
+        """``sessions.subscribe``: iterate the answer's changes as they happen.
+
+        >>> with client.subscribe() as changes:      # doctest: +SKIP
+        ...     for change in changes:               # SessionsChanged, first full
+        ...         print(change.generation, change.added, change.removed)
+
+        Iterating blocks until the next change; the subscription uses this
+        client's connection, so make calls from another client meanwhile.
+        See :class:`Subscription`.
+        """
+        return Subscription(self, since)
 
     def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
         """``session.reconcile`` (SPEC §6): what ``from_session`` left unaccounted, or ``None``."""
@@ -111,7 +133,13 @@ class Client:
         sock = self._connect()
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(data)
+            try:
+                sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # The daemon may refuse a connection with one error line (-32002
+                # overloaded, -32006 permission denied) and close it before the
+                # request arrives: that line says why, so read it.
+                pass
             while True:
                 result = self._core.read_reply(request_id, self._read_line(sock, deadline))
                 if result is not None:
@@ -126,17 +154,39 @@ class Client:
             self._disconnect()
             raise
 
-    def _read_line(self, sock: socket.socket, deadline: float) -> bytes:
+    def _next_change(self, subscription: str, timeout_s: float | None = None) -> SessionsChanged:
+        """Block until the daemon sends a change of ``subscription`` (or ``timeout_s`` passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            change = self._core.next_change(subscription)
+            if change is not None:
+                return change
+            sock = self._sock
+            if sock is None:
+                raise ConnectionLost(f"the connection to {self.socket_path} is closed")
+            try:
+                line = self._read_line(sock, deadline)
+            except TimeoutError as exc:  # the subscription goes on
+                raise RequestTimeout(f"no change within {timeout_s} s") from exc
+            except OSError as exc:
+                self._disconnect()
+                raise ConnectionLost(f"lost the connection to {self.socket_path}: {exc}") from exc
+            self._core.read_notification(line)
+
+    def _read_line(self, sock: socket.socket, deadline: float | None) -> bytes:
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 return line
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            sock.settimeout(remaining)
+            if deadline is None:
+                sock.settimeout(None)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
             chunk = sock.recv(65536)
             if not chunk:
                 raise ConnectionLost(f"the daemon at {self.socket_path} closed the connection")
@@ -147,11 +197,24 @@ class Client:
             return self._sock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._core.timeout_s)
-        try:
-            sock.connect(str(self.socket_path))
-        except OSError as exc:
-            sock.close()
-            raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
+        deadline = time.monotonic() + self._core.timeout_s
+        while True:
+            try:
+                sock.connect(str(self.socket_path))
+                break
+            except BlockingIOError as exc:
+                # EAGAIN: the daemon's listen backlog is full. It is there and busy,
+                # not gone: wait for room until the timeout, as a blocking connect would.
+                if time.monotonic() >= deadline:
+                    sock.close()
+                    raise RequestTimeout(
+                        f"{self.socket_path} accepted no connection within "
+                        f"{self._core.timeout_s} s: its listen backlog stayed full"
+                    ) from exc
+                time.sleep(0.005)
+            except OSError as exc:
+                sock.close()
+                raise DaemonNotRunning(self.socket_path, exc.strerror or str(exc)) from exc
         self._sock = sock
         self._buffer.clear()
         return sock
@@ -161,3 +224,61 @@ class Client:
             self._sock.close()
             self._sock = None
         self._buffer.clear()
+
+
+class Subscription:
+    """A ``sessions.subscribe`` subscription: an iterator of
+    :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
+
+    Subscribes on entering (or on the first ``next``); :meth:`close` (or
+    leaving the ``with`` block) unsubscribes. Iterating blocks until the
+    daemon sends a change.
+
+    Raises (from iterating):
+        SubscriptionDropped: the daemon dropped the subscription (it fell
+            behind); subscribe again for a fresh full answer.
+        ConnectionLost: the daemon went away.
+    """
+
+    def __init__(self, client: Client, since: int | None) -> None:
+        self._client = client
+        self._since = since
+        self.id: str | None = None
+
+    def __enter__(self) -> Subscription:
+        self._start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[SessionsChanged]:
+        return self
+
+    def __next__(self) -> SessionsChanged:
+        return self._client._next_change(self._start())
+
+    def next(self, timeout_s: float | None = None) -> SessionsChanged:
+        """The next change, waiting at most ``timeout_s`` (None: for ever).
+
+        Raises:
+            RequestTimeout: no change within ``timeout_s``; the subscription goes on.
+        """
+        return self._client._next_change(self._start(), timeout_s)
+
+    def _start(self) -> str:
+        if self.id is None:
+            result = self._client._call(_core.subscribe(self._since))
+            self.id = result.subscription
+            self._client._core.subscribed(self.id)
+        return self.id
+
+    def close(self) -> None:
+        """Unsubscribe (if the connection is still there); idempotent."""
+        subscription, self.id = self.id, None
+        if subscription is None:
+            return
+        self._client._core.unsubscribed(subscription)
+        if self._client._sock is not None:
+            self._client._call(_core.unsubscribe(subscription))
+            self._client._core.unsubscribed(subscription)

@@ -7,6 +7,7 @@ exceptions and decoding typed results live here once; ``Client`` and
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
@@ -14,17 +15,23 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, Raw
 
-from ._exceptions import ClientClosed, ProtocolError, error_from_wire
+from ._exceptions import ClientClosed, ProtocolError, SubscriptionDropped, error_from_wire
 from .paths import default_socket
 from .protocol import (
     JSONRPC_VERSION,
+    SESSIONS_CHANGED,
+    SESSIONS_DROPPED,
     ActiveSessionsSnapshot,
     LostReport,
     PingResult,
     Request,
     RescanResult,
     Response,
+    SessionsChanged,
+    SessionsDropped,
     StatusResult,
+    SubscribeResult,
+    UnsubscribeResult,
 )
 from .trace import DEFAULT_LOCK_TIMEOUT_S
 
@@ -39,8 +46,16 @@ _SERVER_WAIT_MARGIN_S: Final = 2.0
 #: Seconds a reconcile may scan once it holds the trace's lock (a 1 GB trace takes ~2-5 s).
 _RECONCILE_SCAN_ALLOWANCE_S: Final = 10.0
 
+#: Notifications kept for held subscriptions while no one iterates them. The
+#: daemon sends at most 50 a second per subscription and coalesces the rest,
+#: so this bounds only a client that holds a subscription and never reads it;
+#: past it, the subscription ends as if the daemon had dropped it.
+MAX_QUEUED_NOTIFICATIONS: Final = 4096
+
 _encoder: Final = msgspec.json.Encoder()
 _response: Final = msgspec.json.Decoder(Response)
+_changed: Final = msgspec.json.Decoder(SessionsChanged)
+_dropped: Final = msgspec.json.Decoder(SessionsDropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +99,11 @@ def status() -> Call[StatusResult]:
 
 
 def snapshot(
-    task: str | None, timeout_ms: int | None, max_age_ms: int | None, since: int | None
+    task: str | None,
+    timeout_ms: int | None,
+    max_age_ms: int | None,
+    since: int | None,
+    usage: bool = False,
 ) -> Call[ActiveSessionsSnapshot]:
     params: dict[str, Any] = {}
     for name, value in (
@@ -92,6 +111,7 @@ def snapshot(
         ("timeout_ms", timeout_ms),
         ("max_age_ms", max_age_ms),
         ("since", since),
+        ("usage", usage or None),
     ):
         if value is not None:
             params[name] = value
@@ -115,6 +135,14 @@ def rescan() -> Call[RescanResult]:
     return Call("reader.rescan", None, RescanResult)
 
 
+def subscribe(since: int | None) -> Call[SubscribeResult]:
+    return Call("sessions.subscribe", None if since is None else {"since": since}, SubscribeResult)
+
+
+def unsubscribe(subscription: str) -> Call[UnsubscribeResult]:
+    return Call("sessions.unsubscribe", {"subscription": subscription}, UnsubscribeResult)
+
+
 class ClientCore:
     """Request ids, encoding, reply parsing and error mapping for one connection.
 
@@ -128,6 +156,8 @@ class ClientCore:
         self.timeout_s = timeout_s
         self.closed = False
         self._last_id = 0
+        self._subscriptions: set[str] = set()
+        self._notifications: deque[SessionsChanged | SessionsDropped] = deque()
 
     def check_open(self) -> None:
         """Raises :class:`ClientClosed` once the client has been closed."""
@@ -159,7 +189,8 @@ class ClientCore:
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"the daemon's reply is not JSON-RPC: {exc}") from exc
         if reply.method is not UNSET:
-            return None  # a notification (subscriptions); not this request's reply
+            self._keep(reply)  # a notification (subscriptions); not this request's reply
+            return None
         if reply.error is not UNSET:
             error = reply.error
             data = None if error.data is UNSET else error.data
@@ -178,3 +209,72 @@ class ClientCore:
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"unexpected result for {call.method}: {exc}") from exc
         return result
+
+    # ------------------------------------------------------------------
+    # Subscriptions: notifications are read by the same connection as
+    # replies; those that arrive while a reply is awaited are kept here.
+
+    def subscribed(self, subscription: str) -> None:
+        """Start keeping the notifications of ``subscription``."""
+        self._subscriptions.add(subscription)
+
+    def unsubscribed(self, subscription: str) -> None:
+        """Stop keeping them and forget those kept."""
+        self._subscriptions.discard(subscription)
+        kept = [event for event in self._notifications if event.subscription != subscription]
+        self._notifications.clear()
+        self._notifications.extend(kept)
+
+    def read_notification(self, line: bytes) -> None:
+        """Take a line read while no reply was awaited: it must be a notification.
+
+        Raises:
+            ProtocolError: the line is not JSON-RPC, or a reply nobody asked for.
+        """
+        try:
+            message = _response.decode(line)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"the daemon sent something that is not JSON-RPC: {exc}") from exc
+        if message.method is UNSET:
+            raise ProtocolError("the daemon sent a reply to no request")
+        self._keep(message)
+
+    def next_change(self, subscription: str) -> SessionsChanged | None:
+        """The oldest kept ``sessions.changed`` of ``subscription``, or None.
+
+        Raises:
+            SubscriptionDropped: the daemon dropped it (the subscription is forgotten).
+        """
+        for event in self._notifications:
+            if event.subscription != subscription:
+                continue
+            self._notifications.remove(event)
+            if isinstance(event, SessionsDropped):
+                self.unsubscribed(subscription)
+                raise SubscriptionDropped(subscription, event.reason)
+            return event
+        return None
+
+    def _keep(self, message: Response) -> None:
+        if message.params is UNSET:
+            return
+        try:
+            if message.method == SESSIONS_CHANGED:
+                event: SessionsChanged | SessionsDropped = _changed.decode(message.params)
+            elif message.method == SESSIONS_DROPPED:
+                event = _dropped.decode(message.params)
+            else:
+                return  # a notification this client does not know: ignored
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"unexpected {message.method} notification: {exc}") from exc
+        if event.subscription not in self._subscriptions:
+            return
+        if len(self._notifications) >= MAX_QUEUED_NOTIFICATIONS:
+            # Differences cannot be skipped: end the subscription instead.
+            self.unsubscribed(event.subscription)
+            self._subscriptions.add(event.subscription)
+            event = SessionsDropped(
+                event.subscription,
+                f"the client kept {MAX_QUEUED_NOTIFICATIONS} notifications unread",
+            )
+        self._notifications.append(event)

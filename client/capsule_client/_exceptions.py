@@ -8,6 +8,7 @@ Tree::
     ├── RequestTimeout          no reply within the client's timeout
     ├── ProtocolError           a reply that is not JSON-RPC 2.0
     ├── ClientClosed            the client was used after close (also a RuntimeError)
+    ├── SubscriptionDropped     the daemon ended a subscription that fell behind
     └── RemoteError             the daemon answered with an error (has ``code``)
         ├── InvalidRequest      -32600 / -32700
         ├── MethodNotFound      -32601
@@ -54,6 +55,7 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "ShuttingDown",
+    "SubscriptionDropped",
     "UnsafePath",
     "error_from_wire",
 ]
@@ -93,6 +95,21 @@ class ProtocolError(CapsuleError):
 
 class ClientClosed(CapsuleError, RuntimeError):
     """The client was used after ``close()`` / ``aclose()``."""
+
+
+class SubscriptionDropped(CapsuleError):
+    """The daemon sent ``sessions.dropped``: the subscription fell too far behind
+    (its notifications were not read) and has ended; subscribe again.
+
+    Attributes:
+        subscription: the subscription's id.
+        reason: the daemon's reason.
+    """
+
+    def __init__(self, subscription: str, reason: str) -> None:
+        self.subscription = subscription
+        self.reason = reason
+        super().__init__(f"subscription {subscription} dropped by the daemon: {reason}")
 
 
 class RemoteError(CapsuleError):

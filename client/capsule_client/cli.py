@@ -10,6 +10,8 @@ JSON document; without it, output is for people and may change.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import sys
 import time
@@ -17,11 +19,20 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
+import msgspec
+
 from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
-from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
-from .protocol import ActiveSessionsSnapshot, LostReport, SessionProcess, StatusResult
+from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError, SubscriptionDropped
+from .protocol import (
+    ActiveSessionsSnapshot,
+    LostReport,
+    Session,
+    SessionProcess,
+    SessionsChanged,
+    StatusResult,
+)
 
 __all__ = ["main"]
 
@@ -31,6 +42,8 @@ EXIT_USAGE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
 
 Command = Callable[[Client, argparse.Namespace, TextIO], int]
+
+_json_encoder: Final = msgspec.json.Encoder()
 
 
 def _ping(client: Client, args: argparse.Namespace, out: TextIO) -> int:
@@ -64,7 +77,13 @@ def render_status(status: StatusResult) -> str:
         ("socket", status.socket),
         ("watcher", status.watcher),
         ("discovery", discovery),
-        ("clients", str(status.clients)),
+        ("clients", f"{status.clients}, {status.subscriptions} subscriptions"),
+        (
+            "exits",
+            f"pidfd events ({status.pidfds} held)"
+            if status.exit_watch == "pidfd"
+            else "noticed by sampling",
+        ),
         (
             "totals",
             f"{totals.requests} requests, {totals.errors} errors, "
@@ -251,6 +270,163 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
     return "\n".join(lines)
 
 
+def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    printer = ChangePrinter(json_lines=args.json)
+    try:
+        while True:
+            try:
+                for change in client.subscribe():
+                    out.write(printer.render(change))
+                    out.flush()
+            except SubscriptionDropped as exc:
+                # The next subscription starts with the whole answer again.
+                print(f"capsulectl: {exc}; subscribing again", file=sys.stderr)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `capsulectl watch | head`
+        _quiet_stdout(out)
+        return EXIT_OK
+
+
+def _quiet_stdout(out: TextIO) -> None:
+    """After EPIPE on stdout, point it at /dev/null so the exit flush stays quiet."""
+    if out is sys.stdout:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class ChangePrinter:
+    """``sessions.changed`` notifications as text: one JSON document per line
+    (``--json``), or a few lines for people per change."""
+
+    def __init__(self, *, json_lines: bool = False) -> None:
+        self.json_lines = json_lines
+        self._gaps: list[str] = []
+        self._unowned = 0
+        self._discovery = ""
+
+    def render(self, change: SessionsChanged, *, now_s: float | None = None) -> str:
+        """The text for one change, ending with a newline."""
+        if self.json_lines:
+            return _json_encoder.encode(change).decode() + "\n"
+        clock = datetime.fromtimestamp(time.time() if now_s is None else now_s).strftime("%H:%M:%S")
+        if change.full:
+            count = len(change.added)
+            head = (
+                f"{clock} generation {change.generation}: {count} active "
+                f"session{'' if count == 1 else 's'}, discovery {change.discovery}"
+            )
+        else:
+            head = f"{clock} generation {change.generation}"
+        lines = [head]
+        lines.extend(f"  + {_session_line(session)}" for session in change.added)
+        lines.extend(f"  ~ {_session_line(session)}" for session in change.changed)
+        lines.extend(f"  - {_one_line(session_id)}" for session_id in change.removed)
+        if change.discovery != self._discovery and not change.full:
+            lines.append(f"  discovery {change.discovery}")
+        if len(change.unowned) != self._unowned or change.full:
+            lines.append(f"  unowned: {len(change.unowned)} live receipts nobody owns")
+        if change.gaps != self._gaps:
+            lines.extend(f"  gap: {_one_line(gap)}" for gap in change.gaps)
+            if not change.gaps:
+                lines.append("  no gaps")
+        self._gaps, self._unowned = change.gaps, len(change.unowned)
+        self._discovery = change.discovery
+        return "\n".join(lines) + "\n"
+
+
+def _session_line(session: Session) -> str:
+    name = _one_line(session.session_id)
+    if session.context_id:
+        name += f" [{_one_line(session.context_id)}]"
+    processes = ", ".join(
+        f"{process.kind} {process.pid} ({_one_line(_what(process))})"
+        for process in session.processes
+    )
+    return f"{name}: {processes}"
+
+
+def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    interval_s: float = max(args.interval, 0.05)
+    clear = not args.once and out.isatty()
+    try:
+        snapshot = client.snapshot(usage=True)
+        if args.once:  # CPU use is measured between two looks
+            time.sleep(min(interval_s, 1.0))
+            snapshot = client.snapshot(usage=True)
+        while True:
+            text = render_top(snapshot)
+            if args.json:
+                text = _json_encoder.encode(snapshot).decode()
+            out.write(("\x1b[H\x1b[2J" if clear else "") + text + "\n")
+            out.flush()
+            if args.once:
+                return EXIT_OK
+            # Wakes at once when the answer changes, else after the interval.
+            snapshot = client.snapshot(
+                usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
+            )
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        _quiet_stdout(out)
+        return EXIT_OK
+
+
+def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
+    """A snapshot measured with ``usage: true`` as a table: one row per process."""
+    now = time.time() if now_s is None else now_s
+    processes = sum(len(session.processes) for session in snapshot.sessions)
+    clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
+    head = (
+        f"capsuled top - {clock} - {len(snapshot.sessions)} sessions, {processes} processes, "
+        f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
+        f"generation {snapshot.generation}"
+    )
+    rows: list[tuple[str, ...]] = [("SESSION", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND")]
+    listed = [(_one_line(s.session_id), s.processes) for s in snapshot.sessions]
+    if snapshot.unowned:
+        listed.append(("(unowned)", snapshot.unowned))
+    for name, members in listed:
+        for process in members:
+            cpu = process.cpu_percent
+            rss = process.rss_bytes
+            rows.append(
+                (
+                    name,
+                    str(process.pid),
+                    process.kind,
+                    "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
+                    "-" if isinstance(rss, msgspec.UnsetType) else _bytes(rss),
+                    _duration(max(now - process.started_at, 0.0)),
+                    _one_line(_what(process)),
+                )
+            )
+            name = ""
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    right = {1, 3, 4, 5}
+    lines = [head, ""]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        lines.append("  ".join([*cells, row[6]]).rstrip())
+    if len(rows) == 1:
+        lines.append("no active sessions")
+    lines.extend(f"gap: {_one_line(gap)}" for gap in snapshot.gaps)
+    return "\n".join(lines)
+
+
+def _bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _print_json(out: TextIO, raw: bytes) -> None:
     out.write(raw.decode())
     out.write("\n")
@@ -261,6 +437,16 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "status": (_status, "the daemon's state, watcher, last observation and counters"),
     "sessions": (_sessions, "active sessions with their live processes, unowned count and gaps"),
     "rescan": (_rescan, "make the next observation walk the home from scratch"),
+    "watch": (
+        _watch,
+        "print changes of the active sessions as they happen, until interrupted "
+        "(--json: one sessions.changed document per line)",
+    ),
+    "top": (
+        _top,
+        "a live table of sessions and their processes with CPU and memory, "
+        "refreshed until interrupted",
+    ),
     "reconcile": (
         _reconcile,
         "report (once) the background commands a prior session left unaccounted",
@@ -283,9 +469,25 @@ def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _top_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--interval",
+        metavar="S",
+        type=float,
+        default=2.0,
+        help="seconds between two refreshes; a change of the answer refreshes at once (default: 2)",
+    )
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="print one table (CPU measured over --interval, at most 1 s) and exit",
+    )
+
+
 #: Arguments of the commands that take some.
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "reconcile": _reconcile_arguments,
+    "top": _top_arguments,
 }
 
 

@@ -34,6 +34,8 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "METHOD_PARAMS",
     "PARSE_ERROR",
+    "SESSIONS_CHANGED",
+    "SESSIONS_DROPPED",
     "ActiveSessionsSnapshot",
     "DiscoveryCost",
     "DiscoveryState",
@@ -41,9 +43,11 @@ __all__ = [
     "ErrorCode",
     "ErrorObject",
     "ErrorResponse",
+    "ExitWatchMode",
     "LostReport",
     "LostWork",
     "NoParams",
+    "Notification",
     "PingResult",
     "ProcessKind",
     "Provenance",
@@ -54,10 +58,17 @@ __all__ = [
     "ServerEntry",
     "Session",
     "SessionProcess",
+    "SessionsChanged",
+    "SessionsDropped",
     "SnapshotParams",
     "StatusResult",
     "StatusTotals",
+    "SubscribeParams",
+    "SubscribeResult",
+    "SubscriptionId",
     "SuccessResponse",
+    "UnsubscribeParams",
+    "UnsubscribeResult",
     "WatcherMode",
 ]
 
@@ -168,12 +179,37 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
             this; ``0`` forces a new observation.  Default: the sample interval.
         since: a generation the caller already has; answer at once if the
             current one differs, else wait up to ``timeout_ms`` (long poll).
+        usage: add each listed process's ``cpu_percent`` and ``rss_bytes``,
+            measured by the daemon when it answers (``capsulectl top``).
     """
 
     task: str | None = None
     timeout_ms: NonNegativeMs = 2000
     max_age_ms: NonNegativeMs | None = None
     since: Annotated[int, Meta(ge=0)] | None = None
+    usage: bool = False
+
+
+class SubscribeParams(Struct, forbid_unknown_fields=True):
+    """Params of ``sessions.subscribe`` (SPEC §7).
+
+    Attributes:
+        since: a generation the caller already has. When it is the current
+            one, the first notification is the next change; otherwise (and
+            without it) the first notification is the full answer
+            (``full: true``).
+    """
+
+    since: Annotated[int, Meta(ge=0)] | None = None
+
+
+SubscriptionId = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class UnsubscribeParams(Struct, forbid_unknown_fields=True):
+    """Params of ``sessions.unsubscribe``: a subscription of this connection."""
+
+    subscription: SubscriptionId
 
 
 SessionName = Annotated[str, Meta(min_length=1, max_length=4096)]
@@ -194,7 +230,13 @@ METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
     "sessions.snapshot": SnapshotParams,
     "session.reconcile": ReconcileParams,
     "reader.rescan": NoParams,
+    "sessions.subscribe": SubscribeParams,
+    "sessions.unsubscribe": UnsubscribeParams,
 }
+
+#: Notification methods the daemon sends (subscriptions, SPEC §7).
+SESSIONS_CHANGED: Final = "sessions.changed"
+SESSIONS_DROPPED: Final = "sessions.dropped"
 
 
 # --------------------------------------------------------------------------
@@ -217,6 +259,7 @@ class RescanResult(Struct):
 DiscoveryState = Literal["ready", "scanning", "unavailable"]
 WatcherMode = Literal["native", "polling", "off"]
 ProcessKind = Literal["provider_client", "exec", "process"]
+ExitWatchMode = Literal["pidfd", "sampling"]
 
 
 class DiscoveryCost(Struct):
@@ -255,6 +298,9 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
         started_at: the process's start time, Unix seconds, as the receipt
             or the store records it.
         receipt: the receipt's path relative to the home, for receipts.
+        cpu_percent: CPU use since the daemon last measured this process
+            (100 = one core; 0.0 the first time), only with ``usage: true``.
+        rss_bytes: resident memory, bytes, only with ``usage: true``.
     """
 
     kind: ProcessKind
@@ -265,6 +311,8 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
     provider: str | UnsetType = UNSET
     command: str | UnsetType = UNSET
     receipt: str | UnsetType = UNSET
+    cpu_percent: float | UnsetType = UNSET
+    rss_bytes: int | UnsetType = UNSET
 
 
 class Session(Struct):
@@ -339,6 +387,7 @@ class StatusTotals(Struct):
     readers_restarted: int = 0
     requests: int = 0
     errors: int = 0
+    subscriptions_dropped: int = 0
 
 
 class StatusResult(Struct):
@@ -358,6 +407,11 @@ class StatusResult(Struct):
         totals: counters since start.
         clients: connections open now.
         notes: plain-language remarks (e.g. why there is no observation yet).
+        subscriptions: ``sessions.subscribe`` subscriptions open now.
+        exit_watch: how process exits are noticed: ``pidfd`` (each watched
+            process has a descriptor that wakes discovery when it exits) or
+            ``sampling`` (only the periodic sample notices).
+        pidfds: exit descriptors held now.
     """
 
     pid: int
@@ -373,3 +427,72 @@ class StatusResult(Struct):
     totals: StatusTotals
     clients: int
     notes: list[str] = msgspec.field(default_factory=list)
+    subscriptions: int = 0
+    exit_watch: ExitWatchMode = "sampling"
+    pidfds: int = 0
+
+
+class SubscribeResult(Struct):
+    """Result of ``sessions.subscribe``: the id that notifications carry."""
+
+    subscription: str
+
+
+class UnsubscribeResult(Struct):
+    """Result of ``sessions.unsubscribe``: False if there was no such subscription
+    (already dropped, ended, or another connection's)."""
+
+    unsubscribed: bool
+
+
+class SessionsChanged(Struct, omit_defaults=True):
+    """Params of a ``sessions.changed`` notification (SPEC §7).
+
+    Sent first with the full answer (``full: true``; every session in
+    ``added``), then after each change of the answer, at most one per
+    settle interval (20 ms) per subscription; changes in between are
+    coalesced into the next one.
+
+    Attributes:
+        subscription: the id ``sessions.subscribe`` returned.
+        generation: the answer's generation (SPEC §7).
+        observed_at: when the answer was observed, Unix seconds.
+        full: True for the first notification, whose ``added`` is every
+            session (the client starts from nothing).
+        discovery: ``ready`` or ``unavailable`` (``scanning`` answers are
+            transient and never sent).
+        added: sessions that became active, whole.
+        changed: sessions whose processes or context changed, whole.
+        removed: ids of sessions no longer active.
+        unowned: every live receipt nobody owns, whole (not a difference).
+        servers: every live server, whole.
+        gaps: what the answer could not cover, whole.
+    """
+
+    subscription: str
+    generation: int
+    observed_at: float
+    discovery: DiscoveryState
+    added: list[Session]
+    changed: list[Session]
+    removed: list[str]
+    unowned: list[SessionProcess]
+    servers: list[ServerEntry]
+    gaps: list[str]
+    full: bool = False
+
+
+class SessionsDropped(Struct):
+    """Params of a ``sessions.dropped`` notification: the subscription fell too
+    far behind (or the daemon is stopping) and has ended; subscribe again."""
+
+    subscription: str
+    reason: str
+
+
+class Notification(Struct):
+    """A notification the daemon sends: no ``id``, never answered."""
+
+    jsonrpc: str
+    method: str
+    params: Any

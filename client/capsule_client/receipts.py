@@ -28,7 +28,7 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 import msgspec
 
@@ -69,6 +69,7 @@ SCHEMA_VERSION: Final = 1
 _INPUT_ID = re.compile(r"inp_[A-Za-z0-9_-]{1,128}")
 
 Pid = Annotated[int, msgspec.Meta(gt=1)]
+_T = TypeVar("_T")
 
 
 class ReceiptError(ValueError):
@@ -137,6 +138,26 @@ _servers_decoder = msgspec.json.Decoder(list[ServerRegistryEntry])
 _encoder = msgspec.json.Encoder()
 
 
+def _decode(decoder: msgspec.json.Decoder[_T], data: bytes, what: str) -> _T:
+    """Decode ``data`` as JSON text; any way it is not one is a :class:`ReceiptError`.
+
+    msgspec does not check the UTF-8 of members it skips (unknown fields),
+    and it recurses into nested arrays and objects, raising ``RecursionError``
+    past Python's limit: both are checked here, so that every malformed file
+    is an error for its path and never an exception out of the reader.
+    """
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReceiptError(f"invalid {what}: not UTF-8 at byte {exc.start}") from None
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ReceiptError(f"invalid {what}: {exc}") from exc
+    except RecursionError:
+        raise ReceiptError(f"invalid {what}: nested too deeply") from None
+
+
 def _check_version(version: int) -> None:
     if version != SCHEMA_VERSION:
         raise ReceiptError(f"unsupported schema_version {version} (expected {SCHEMA_VERSION})")
@@ -149,10 +170,7 @@ def decode_provider_client_receipt(data: bytes) -> ProviderClientReceipt:
         ReceiptError: not JSON, a wrong or missing field, ``schema_version``
             other than 1, ``pid <= 1``, ``started_at`` without an offset.
     """
-    try:
-        receipt = _provider_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise ReceiptError(f"invalid provider-client receipt: {exc}") from exc
+    receipt = _decode(_provider_decoder, data, "provider-client receipt")
     _check_version(receipt.schema_version)
     return receipt
 
@@ -164,10 +182,7 @@ def decode_exec_receipt(data: bytes) -> ExecReceipt:
         ReceiptError: not JSON, a wrong or missing field, ``schema_version``
             other than 1, ``pid <= 1``, an empty ``exec_id``.
     """
-    try:
-        receipt = _exec_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise ReceiptError(f"invalid exec receipt: {exc}") from exc
+    receipt = _decode(_exec_decoder, data, "exec receipt")
     _check_version(receipt.schema_version)
     return receipt
 
@@ -178,10 +193,7 @@ def decode_servers_registry(data: bytes) -> list[ServerRegistryEntry]:
     Raises:
         ReceiptError: not a JSON array of valid entries.
     """
-    try:
-        return _servers_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise ReceiptError(f"invalid servers registry: {exc}") from exc
+    return _decode(_servers_decoder, data, "servers registry")
 
 
 def is_valid_input_id(name: str) -> bool:

@@ -27,12 +27,17 @@ from capsule_client.protocol import (
     RescanResult,
     SnapshotParams,
     StatusResult,
+    SubscribeParams,
+    SubscribeResult,
+    UnsubscribeParams,
+    UnsubscribeResult,
 )
 
 from . import __version__
 from .errors import InternalError
 from .jsonrpc import Handler, Method
 from .reconcile import reconcile
+from .server import Connection, current_connection
 
 if TYPE_CHECKING:
     from .supervisor import Daemon
@@ -56,6 +61,8 @@ class Api:
             "sessions.snapshot": self.sessions_snapshot,
             "reader.rescan": self.reader_rescan,
             "session.reconcile": self.session_reconcile,
+            "sessions.subscribe": self.sessions_subscribe,
+            "sessions.unsubscribe": self.sessions_unsubscribe,
         }
         return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
 
@@ -80,6 +87,9 @@ class Api:
             totals=daemon.totals,
             clients=daemon.server.clients,
             notes=[*daemon.notes, *daemon.sessions.notes],
+            subscriptions=daemon.subscriptions.count,
+            exit_watch=daemon.sessions.exits.mode,
+            pidfds=daemon.sessions.exits.held,
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> msgspec.Raw:
@@ -94,6 +104,27 @@ class Api:
             InternalError: the observation failed on a defect.
         """
         return msgspec.Raw(await self.daemon.sessions.snapshot_json(params))
+
+    async def sessions_subscribe(self, params: SubscribeParams) -> SubscribeResult:
+        """``sessions.subscribe`` (SPEC §7): ``sessions.changed`` notifications on this connection.
+
+        Raises:
+            Overloaded: this connection holds too many subscriptions.
+            ShuttingDown: the daemon is stopping.
+        """
+        connection = _connection()
+        subscription = self.daemon.subscriptions.subscribe(connection, params.since)
+        log.debug("subscribed", subscription=subscription, connection=connection.number)
+        return SubscribeResult(subscription=subscription)
+
+    async def sessions_unsubscribe(self, params: UnsubscribeParams) -> UnsubscribeResult:
+        """``sessions.unsubscribe``: no notification of it follows the reply.
+
+        Returns ``unsubscribed: false`` for a subscription this connection
+        does not hold (already dropped or ended, or another connection's).
+        """
+        done = self.daemon.subscriptions.unsubscribe(_connection(), params.subscription)
+        return UnsubscribeResult(unsubscribed=done)
 
     def _shutting_down(self) -> bool:
         """Whether a shutdown began (read from worker threads: a plain attribute)."""
@@ -146,3 +177,10 @@ class Api:
                 trust=report.provenance.trust,
             )
         return report
+
+
+def _connection() -> Connection:
+    connection = current_connection.get(None)
+    if connection is None:  # only the server calls handlers
+        raise InternalError("subscriptions need a connection")
+    return connection

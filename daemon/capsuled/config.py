@@ -43,8 +43,12 @@ class Config:
         log_level: lowest level logged, lower case.
         max_connections: connections served at once; more get -32002.
         drain_timeout_s: how long a shutdown waits for in-flight requests.
+        write_timeout_s: how long a reply may wait for its peer to read it
+            before the connection is dropped (docs/protocol.md, "Slow readers").
         watch: how the home is watched: ``native`` (falls back to polling
             when a native watch cannot start), ``polling`` or ``off``.
+        max_pidfds: process-exit descriptors held at most; the exits of
+            processes past it are noticed by sampling (``capsuled.exits``).
     """
 
     home: Path
@@ -55,7 +59,9 @@ class Config:
     log_level: str = "info"
     max_connections: int = 1024
     drain_timeout_s: float = 5.0
+    write_timeout_s: float = 10.0
     watch: WatcherMode = "native"
+    max_pidfds: int = 4096
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -67,7 +73,9 @@ _ENV = {
     "log_format": "CAPSULED_LOG_FORMAT",
     "log_level": "CAPSULED_LOG_LEVEL",
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
+    "write_timeout": "CAPSULED_WRITE_TIMEOUT",
     "watch": "CAPSULED_WATCH",
+    "max_pidfds": "CAPSULED_MAX_PIDFDS",
 }
 
 
@@ -154,12 +162,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
     )
     add(
+        "--write-timeout",
+        "write_timeout",
+        "seconds a reply may wait for the client to read it before the connection is "
+        "dropped (default: 10)",
+        metavar="S",
+    )
+    add(
         "--watch",
         "watch",
         "how to watch the home for changes: native (inotify, FSEvents; falls back to polling "
         "when it cannot start), polling, or off (no watch: a full rescan every sample interval) "
         "(default: native)",
         metavar="MODE",
+    )
+    add(
+        "--max-pidfds",
+        "max_pidfds",
+        "processes whose exit is watched with a pidfd (Linux >= 5.3), so it changes answers "
+        "at once; the exits of more are noticed by sampling (default: 4096)",
+        metavar="N",
     )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
@@ -207,8 +229,12 @@ def parse_args(
         overrides["sample_interval_s"] = _positive_float("sample interval", text)
     if (text := pick("rescan_interval")) is not None:
         overrides["rescan_interval_s"] = _positive_float("rescan interval", text)
+    if (text := pick("write_timeout")) is not None:
+        overrides["write_timeout_s"] = _positive_float("write timeout", text)
     if (text := pick("max_connections")) is not None:
         overrides["max_connections"] = _positive_int("max connections", text)
+    if (text := pick("max_pidfds")) is not None:
+        overrides["max_pidfds"] = _positive_int("max pidfds", text)
     if len(os.fsencode(socket)) > 107:
         raise ConfigError(
             f"socket path {socket} is longer than the 107 bytes a Unix socket allows; "

@@ -8,7 +8,14 @@ the home and everything asynchronous around it:
   it and shares its result, and a request that gives up does not cancel it;
 * **the sampler**: one settled observation every ``sample_interval_s``, so
   cached answers stay fresh (the periodic full rescan, the net under silent
-  kernel queue overflows, is owed by the watcher: ``capsuled.watcher``);
+  kernel queue overflows, is owed by the watcher: ``capsuled.watcher``); and
+  one at once whenever it is woken: by the watcher's feed (a receipt or the
+  store changed) or by :class:`~capsuled.exits.ExitWatch` (a watched process
+  exited), so answers change within milliseconds of the event rather than at
+  the next sample;
+* **listeners**: each new answer that is not ``scanning`` and whose
+  generation differs from the previous one's goes to every listener
+  (``capsuled.subscriptions``);
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline; with
@@ -44,6 +51,7 @@ from pathlib import Path
 from typing import Final, cast
 
 import anyio
+import anyio.from_thread
 import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
@@ -62,6 +70,8 @@ from capsule_client.protocol import (
 from . import heap
 from .changes import ChangeFeed
 from .errors import InternalError, ShuttingDown
+from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
+from .processes import UsageMeter
 from .reader import (
     GAP_HOME_REPLACED,
     ActiveSessionReader,
@@ -172,6 +182,9 @@ class Discovery:
         changes: the feed the watcher fills; a new one when omitted.
         watcher_mode: what the watcher does now (``native``, ``polling`` or
             ``off``), asked before each use; ``off`` when omitted.
+        max_pidfds: exit descriptors held at most (``capsuled.exits``).
+        exit_events: False leaves exits to sampling; None uses pidfds where
+            the system has them.
     """
 
     def __init__(
@@ -182,6 +195,8 @@ class Discovery:
         totals: StatusTotals | None = None,
         changes: ChangeFeed | None = None,
         watcher_mode: Callable[[], WatcherMode] = lambda: "off",
+        max_pidfds: int = DEFAULT_MAX_PIDFDS,
+        exit_events: bool | None = None,
     ) -> None:
         self.sample_interval_s = sample_interval_s
         self.totals = StatusTotals() if totals is None else totals
@@ -198,6 +213,15 @@ class Discovery:
         self._flight: _Flight | None = None
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
+        self._wake = anyio.Event()
+        self._wakes = 0  # wake() calls so far
+        self._served = 0  # wake() calls before the latest observation began
+        self._loop_thread: int | None = None
+        self._listeners: list[Callable[[ActiveSessionsSnapshot], None]] = []
+        self._announced: ActiveSessionsSnapshot | None = None
+        self._usage = UsageMeter()
+        self.exits = ExitWatch(self.wake, max_pidfds=max_pidfds, enabled=exit_events)
+        self.changes.listener = self._changed
 
     # ----------------------------------------------------------------------
     # State for status
@@ -231,7 +255,7 @@ class Discovery:
         notes = [] if self._latest is not None else ["no observation yet"]
         if self.watcher_mode == "off":
             notes.append(NO_WATCHER_NOTE)
-        return notes
+        return [*notes, *self.exits.notes]
 
     @property
     def watcher_mode(self) -> WatcherMode:
@@ -241,6 +265,40 @@ class Discovery:
     def request_rescan(self) -> None:
         """The next observation walks from scratch (``reader.rescan``, SIGHUP)."""
         self.changes.request_rescan()
+
+    @property
+    def announced(self) -> ActiveSessionsSnapshot | None:
+        """The latest answer given to listeners: settled (not ``scanning``)."""
+        return self._announced
+
+    def add_listener(self, listener: Callable[[ActiveSessionsSnapshot], None]) -> None:
+        """Call ``listener`` (on the event loop) with each new settled answer."""
+        self._listeners.append(listener)
+
+    def wake(self) -> None:
+        """Observe again now instead of at the next sample.
+
+        Meant for the event loop's thread (the watcher and the exit watch
+        call it there); from an anyio worker thread it is handed to the
+        loop; from any other thread it does nothing (the next sample notices).
+        """
+        if self._loop_thread is None or threading.get_ident() == self._loop_thread:
+            self._woken()
+            return
+        try:
+            anyio.from_thread.run_sync(self._woken)
+        except RuntimeError:  # not an anyio worker thread, or the loop is gone
+            pass
+
+    def _woken(self) -> None:
+        self._wakes += 1
+        self._wake.set()
+
+    def _changed(self) -> None:
+        # Without a watcher, each observation owes itself a rescan through the
+        # feed: waking on that would observe in a loop.
+        if self.watcher_mode != "off":
+            self.wake()
 
     # ----------------------------------------------------------------------
     # The service
@@ -252,9 +310,11 @@ class Discovery:
         observation follows (``first_observation`` is set once it is done).
         On the way out, a running observation is cancelled between two reads.
         """
+        self._loop_thread = threading.get_ident()
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                await tg.start(self.exits.serve)
                 task_status.started()
                 try:
                     await self._sample_forever()
@@ -278,7 +338,12 @@ class Discovery:
             except ShuttingDown:
                 await anyio.sleep_forever()  # stopped: wait to be cancelled
             self.first_observation.set()
-            await anyio.sleep(self.sample_interval_s)
+            # A wake after the latest observation began (it drains the feed and
+            # samples after it starts) owes another one now; else wait for one.
+            if self._wakes == self._served:
+                wake = self._wake = anyio.Event()
+                with anyio.move_on_after(self.sample_interval_s):
+                    await wake.wait()
 
     async def observe(self) -> ActiveSessionsSnapshot:
         """One observation, shared with every caller that asks while it runs.
@@ -306,11 +371,14 @@ class Discovery:
             reader.trust_watcher = self.watcher_mode != "off"
             if not reader.trust_watcher:
                 self.changes.request_rescan()
+            self._served = self._wakes
             observation = await anyio.to_thread.run_sync(_observe, reader)
             self._count(observation)
             if observation.home_replaced and reader is self._reader:
                 self._restart_reader(observation)
             flight.snapshot = observation.snapshot
+            if observation.watched is not None:
+                self.exits.track(observation.watched)
             self._publish(observation.snapshot)
         except ObservationCancelled as exc:
             flight.error = exc
@@ -340,6 +408,7 @@ class Discovery:
             home=str(self._requested_home),
             gaps=observation.snapshot.gaps,
         )
+        self._reader.ownership.close()
         self._reader = self._new_reader()
 
     def _publish(self, snapshot: ActiveSessionsSnapshot) -> None:
@@ -357,6 +426,13 @@ class Discovery:
         if previous is None or previous.generation != snapshot.generation:
             published, self._published = self._published, anyio.Event()
             published.set()
+        announced = self._announced
+        if snapshot.discovery != "scanning" and (
+            announced is None or announced.generation != snapshot.generation
+        ):
+            self._announced = snapshot
+            for listener in self._listeners:
+                listener(snapshot)
 
     async def _settle(self, deadline: float) -> ActiveSessionsSnapshot:
         """Observe until the answer is not ``scanning`` (nor a home just replaced),
@@ -386,9 +462,13 @@ class Discovery:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply).
 
         The bytes are kept for the latest answer and ``task``: a request for
-        the same again is answered without encoding.
+        the same again is answered without encoding. An answer with ``usage``
+        is measured for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
+        if params.usage:
+            measured = await self._with_usage(answer)
+            return _encoder.encode(msgspec.structs.replace(measured, task=params.task))
         encoded = self._encoded
         if encoded is None or encoded.answer is not answer or encoded.task != params.task:
             encoded = self._encoded = _encode(answer, params.task, encoded)
@@ -404,7 +484,10 @@ class Discovery:
         else wait for a new one up to ``timeout_ms``. An ``unavailable``
         answer is returned as it is, its gaps saying why.
         """
-        return msgspec.structs.replace(await self._answer(params), task=params.task)
+        answer = await self._answer(params)
+        if params.usage:
+            answer = await self._with_usage(answer)
+        return msgspec.structs.replace(answer, task=params.task)
 
     async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """The observation that answers ``params``, as published (its ``task`` not set)."""
@@ -417,6 +500,26 @@ class Discovery:
             answer = await self._wait_for_change(params.since, answer, deadline)
         return answer
 
+    async def _with_usage(self, answer: ActiveSessionsSnapshot) -> ActiveSessionsSnapshot:
+        """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``."""
+        keys = {(p.pid, p.started_at) for p in _processes(answer)}
+        usage = await anyio.to_thread.run_sync(self._usage.measure, keys)
+
+        def measured(process: SessionProcess) -> SessionProcess:
+            found = usage.get((process.pid, process.started_at))
+            if found is None:
+                return process
+            return msgspec.structs.replace(process, cpu_percent=found[0], rss_bytes=found[1])
+
+        return msgspec.structs.replace(
+            answer,
+            sessions=[
+                msgspec.structs.replace(s, processes=[measured(p) for p in s.processes])
+                for s in answer.sessions
+            ],
+            unowned=[measured(p) for p in answer.unowned],
+        )
+
     async def _wait_for_change(
         self, since: int, answer: ActiveSessionsSnapshot, deadline: float
     ) -> ActiveSessionsSnapshot:
@@ -426,3 +529,7 @@ class Discovery:
                 assert self._latest is not None
                 answer = self._latest
         return answer
+
+
+def _processes(answer: ActiveSessionsSnapshot) -> list[SessionProcess]:
+    return [*(p for s in answer.sessions for p in s.processes), *answer.unowned]

@@ -5,8 +5,10 @@ to send back (without the newline), or ``None`` when nothing is owed: a
 notification, a batch of notifications, a blank line. The rules, with the
 codes of https://www.jsonrpc.org/specification:
 
-* not JSON (including invalid UTF-8, and JSON nested deeper than the
-  decoder's limit): -32700 with ``id: null``;
+* not JSON (including invalid UTF-8, an unpaired surrogate escape such as
+  ``"\\ud800"``, or nesting deeper than the decoder allows, about 900
+  levels): -32700 with ``id: null``. Only JSON's own whitespace (space, tab,
+  CR, LF) may surround a message;
 * JSON that is not a request object, ``jsonrpc`` other than ``"2.0"``, a
   missing or non-string ``method``, an ``id`` that is not a string, number or
   null, ``params`` that are not an object or array: -32600 (with the request's
@@ -60,14 +62,20 @@ Handler = Callable[[Any], Awaitable[Any]]
 _encoder: Final = msgspec.json.Encoder()
 _envelope: Final = msgspec.json.Decoder(Envelope)
 _batch: Final = msgspec.json.Decoder(list[Raw])
-_id: Final = msgspec.json.Decoder(str | int | float | None)
 _str: Final = msgspec.json.Decoder(str)
 _EMPTY: Final = b"{}"
-_WHERE = re.compile(r" - at `\$\.?([^`]*)`$")
-_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
-_MISSING = re.compile(r"missing required field `([^`]*)`")
-# msgspec raises RecursionError, not DecodeError, on JSON nested past its depth limit.
-_TOO_DEEP = "parse error: JSON nested too deeply"
+#: RFC 8259 §2: the only whitespace allowed around a JSON text.
+_JSON_WHITESPACE: Final = b" \t\r\n"
+#: First byte of a JSON number (RFC 8259 §6).
+_NUMBER_START: Final = frozenset(b"-0123456789")
+#: msgspec decodes nested arrays and objects recursively; past Python's
+#: recursion limit it raises RecursionError, which is the input's fault.
+_TOO_DEEP: Final = "parse error: JSON nested too deeply"
+_WHERE = re.compile(r" - at `\$\.([A-Za-z0-9_]+)`$")
+_MISSING = re.compile(r"missing required field `([A-Za-z0-9_]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `")
+_keys: Final = msgspec.json.Decoder(dict[str, Raw])
+_json: Final = msgspec.json.Decoder(Raw)  # checks that a text is JSON, keeps nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +117,16 @@ class Dispatcher:
     ) -> None:
         self._methods = dict(methods)
         self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
+        self._fields = {
+            name: frozenset(f.encode_name for f in msgspec.structs.fields(m.params))
+            for name, m in methods.items()
+        }
         self._on_request = on_request
         self.shutting_down = False
 
     async def handle_line(self, line: bytes) -> bytes | None:
         """Answer one received line (without its ``\\n``); ``None``: send nothing."""
-        text = line.strip()
+        text = line.strip(_JSON_WHITESPACE)
         if not text:
             return None  # a blank line: nothing was asked (convenient with socat)
         try:
@@ -127,7 +139,9 @@ class Dispatcher:
         try:
             envelope = _envelope.decode(text)
         except msgspec.ValidationError:
-            return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
+            # msgspec stops at the first token of the wrong type; the rest of the
+            # line must still be JSON for this to be a request at all.
+            return _not_a_request(text)
         except msgspec.DecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
         except RecursionError:
@@ -148,7 +162,7 @@ class Dispatcher:
         for item in items:
             try:
                 envelope = _envelope.decode(item)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 replies.append(_error(None, INVALID_REQUEST, "invalid request: not an object"))
                 continue
             reply = await self._handle_one(envelope)
@@ -240,22 +254,58 @@ class Dispatcher:
             text = _EMPTY
         try:
             return self._decoders[name].decode(text)
+        except RecursionError:
+            raise _Invalid(
+                INVALID_PARAMS,
+                "invalid params: nested too deeply",
+                {"param": "params", "reason": "nested too deeply"},
+            ) from None
         except msgspec.ValidationError as exc:
-            reason = str(exc)
-            match = _WHERE.search(reason)
-            reason = _WHERE.sub("", reason)
-            named = _UNKNOWN.search(reason) or _MISSING.search(reason)
-            if match and match.group(1):
-                param = match.group(1)
-            elif named:
-                param = named.group(1)[:100]
-            else:
-                param = "params"
+            param, reason = self._fault(name, text, str(exc))
             raise _Invalid(
                 INVALID_PARAMS,
                 f"invalid params: {param}: {reason}",
                 {"param": param, "reason": reason},
             ) from None
+
+    def _fault(self, name: str, text: bytes, message: str) -> tuple[str, str]:
+        """(param, reason) of a params validation error.
+
+        Field names come from the params Struct, never from parsing a name the
+        client sent back out of msgspec's message: a client's key may hold
+        backticks or be a megabyte long. An unknown key is found by reading
+        the keys in document order, as msgspec does, and cut to 100 characters.
+        """
+        fields = self._fields[name]
+        if _UNKNOWN.match(message):
+            try:
+                keys = _keys.decode(text)
+            except (msgspec.DecodeError, RecursionError):
+                keys = {}
+            for key in keys:
+                if key not in fields:
+                    key = key[:100]
+                    return key, f"Object contains unknown field `{key}`"
+            return "params", "Object contains an unknown field"
+        where = _WHERE.search(message)
+        reason = _WHERE.sub("", message)
+        if where and where.group(1) in fields:
+            return where.group(1), reason
+        missing = _MISSING.search(reason)
+        if missing and missing.group(1) in fields:
+            return missing.group(1), reason
+        return "params", reason[:200]
+
+
+def _not_a_request(text: bytes) -> bytes:
+    """-32600 for JSON that is not a request object; -32700 if it is not JSON at all."""
+    try:
+        _json.decode(text)
+    except msgspec.DecodeError as exc:
+        return encode_error(PARSE_ERROR, f"parse error: {exc}")
+    except RecursionError:
+        return encode_error(PARSE_ERROR, _TOO_DEEP)
+    return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")
 
 
 def _decode_str(raw: Raw) -> str | None:
@@ -266,12 +316,14 @@ def _decode_str(raw: Raw) -> str | None:
 
 
 def _valid_id(raw: Raw) -> bool:
-    """A JSON-RPC id is a string, a number or null."""
-    try:
-        _id.decode(raw)
-    except msgspec.DecodeError:
-        return False
-    return True
+    """A JSON-RPC id is a string, a number or null.
+
+    Decided by the JSON type alone, from the first byte of the already
+    validated text: a number too large for a float (``1e400``) is still a
+    number, and is echoed back exactly as it was sent.
+    """
+    first = bytes(raw).lstrip(_JSON_WHITESPACE)[:1]
+    return first == b'"' or first == b"n" or (first != b"" and first[0] in _NUMBER_START)
 
 
 def _error(id: Raw | None, code: int, message: str) -> ErrorResponse:

@@ -48,6 +48,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -352,10 +353,16 @@ class Observation:
         home_replaced: the home was replaced or removed since the reader
             started; the caller should make a fresh reader for the path
             (passing this reader's ``generations``), log a warning and count it.
+        watched: pid → start time (Unix seconds, from the sample) of every
+            live process the answer rests on: live candidates' pids, the
+            store's processes that matched the sample, live servers. Its
+            exit changes the answer (``capsuled.exits`` watches them). None
+            when the observation could not say (``unavailable``).
     """
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
+    watched: Mapping[int, float] | None = None
 
 
 class Generations:
@@ -365,6 +372,13 @@ class Generations:
     ``gaps``; ``observed_at``, ``task`` and ``cost`` do not count. Kept apart
     from the reader so that a fresh reader (after the home was replaced)
     continues the count.
+
+    A ``scanning`` answer is not counted: it says "read again" (ownership
+    moved during the observation, or a rescan arrived meanwhile), the daemon
+    retries it at once, and it carries the generation of the last settled
+    answer. Counting it would move the generation twice across a write that
+    changed nothing (``scanning``, then the same ``ready`` answer again), and
+    long polls and subscriptions would wake for nothing.
     """
 
     def __init__(self) -> None:
@@ -388,7 +402,7 @@ class Generations:
             snapshot.gaps,
         )
         with self._lock:
-            if answer != self._previous:
+            if snapshot.discovery != "scanning" and answer != self._previous:
                 self._generation += 1
                 self._previous = answer
             return msgspec.structs.replace(snapshot, generation=self._generation)
@@ -505,6 +519,7 @@ class ActiveSessionReader:
         self._sample: dict[int, float] = {}
         # Ownership, as of store version ``_store_version``.
         self._store_version: StoreVersion | object = _UNASKED
+        self._asked_of: OwnershipReader | None = None  # the store reader those came from
         self._asked_pids: set[int] = set()
         self._rows: dict[int, list[tuple[int, str]]] = {}
         self._contexts: dict[str, str | None] = {}
@@ -555,8 +570,9 @@ class ActiveSessionReader:
             cost=self._cost,
         )
         home_replaced = False
+        watched: dict[int, float] | None = None
         try:
-            self._observe_into(snapshot)
+            watched = self._observe_into(snapshot)
         except ObservationCancelled:
             self._owe_rescan()
             raise
@@ -573,12 +589,13 @@ class ActiveSessionReader:
         self._cost.retained = len(self._candidates)
         snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced)
+        return Observation(self.generations.stamp(snapshot), home_replaced, watched)
 
     # ----------------------------------------------------------------------
     # The observation
 
-    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> None:
+    def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> dict[int, float]:
+        """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on."""
         version = self._collect()
         self._refresh_ownership(version)
         answer = self._project()
@@ -586,6 +603,7 @@ class ActiveSessionReader:
         snapshot.unowned = answer.unowned
         snapshot.servers = answer.servers
         snapshot.gaps = answer.gaps
+        watched = self._watched(answer)
         if self._moved(version):
             snapshot.discovery = "scanning"
             snapshot.sessions = []
@@ -596,6 +614,19 @@ class ActiveSessionReader:
             snapshot.sessions = []
             snapshot.unowned = []
             snapshot.gaps = [*answer.gaps, GAP_CATCHING_UP]
+        return watched
+
+    def _watched(self, answer: _Answer) -> dict[int, float]:
+        """pid → sampled start time of every live process the answer rests on.
+
+        The candidates' pids (from the pid index), the store's processes that
+        matched the sample, the live servers: O(processes), not O(receipts).
+        """
+        sample = self._sample
+        pids = set(self._by_pid)
+        pids.update(p.pid for listed in answer.owned_processes.values() for p in listed)
+        pids.update(server.pid for server in answer.servers)
+        return {pid: sample[pid] for pid in pids if pid in sample}
 
     @staticmethod
     def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:
@@ -787,7 +818,8 @@ class ActiveSessionReader:
     def _refresh_ownership(self, version: StoreVersion) -> None:
         """Ask the store about what it was not asked yet, or everything if it changed."""
         sample = self._sample
-        everything = version != self._store_version
+        # Versions of two store readers (connections) are not comparable.
+        everything = version != self._store_version or self.ownership is not self._asked_of
         if everything:
             paths: list[str] = [p for p, c in self._candidates.items() if c.gap is None]
             pids: list[int] = list(sample)
@@ -817,6 +849,7 @@ class ActiveSessionReader:
         if not self._unasked:
             self._unasked = set()  # a set does not shrink as it empties
         self._store_version = version
+        self._asked_of = self.ownership
 
     def _assign(self, keys: list[str], answer: Ownership) -> None:
         """Set the owners of the candidates at ``keys``; record how the groups move."""
@@ -1008,6 +1041,10 @@ class ActiveSessionReader:
             raise _Unavailable(f"home {self._home} cannot be inspected: {_describe(exc)}") from exc
         if self._identity is not None and identity != self._identity:
             raise _HomeReplaced
+        if self._identity is None and identity is not None:
+            # The home (re)appeared: a walk of the missing home found nothing, and
+            # a watch may not see the new one yet. Walk it now, whatever the watcher says.
+            self._rescan = True
         self._identity = identity
 
     def _unalias(self, path: str) -> str:
@@ -1062,11 +1099,13 @@ class ActiveSessionReader:
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
-        if is_dir:
+        kind = _receipt_kind(parts)
+        if is_dir and kind is None:
             if _walked(parts):
                 self._scan(entry.path, parts)
             return
-        kind = _receipt_kind(parts)
+        # A receipt's place holds whatever it holds: a directory named x.json
+        # is an error for that path, as it is when the watcher reports it.
         if kind is not None:
             self._read_receipt(entry.path, kind)
 

@@ -64,7 +64,9 @@ _READ_BUFFER_BYTES: Final = 1 << 20
 #: JSON numbers above this are not a ``u64`` in the seed and count as absent.
 _U64_LIMIT: Final = 1 << 64
 
-_decode: Final = msgspec.json.Decoder().decode
+#: Every JSON object is a record, also one holding a number no float can hold
+#: (``1e400`` decodes to ``inf`` instead of failing the line).
+_decode: Final = msgspec.json.Decoder(float_hook=float).decode
 
 
 @dataclass(slots=True)
@@ -223,14 +225,16 @@ def _record(
         # Duplicate keys resolve as in a dict (the last wins), so a line is
         # passed over only when decoding it whole would pass it over too.
         kind = _decode_kind(line).event_type
-    except msgspec.DecodeError:
-        pass  # not an object, or not JSON: the full decode below decides
+    except (msgspec.DecodeError, RecursionError):
+        pass  # not an object, not JSON, or too deep: the full decode below decides
     else:
         if type(kind) is not str or kind not in _HANDLERS:
             return True
     try:
         record = decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
+        # RecursionError: nested deeper than the decoder recurses; the line is
+        # skipped like any other that cannot be read.
         return False
     if type(record) is not dict:
         return False
@@ -245,7 +249,9 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
 
     A line that is not a JSON object — a torn tail, garbage, NUL bytes,
     invalid UTF-8, JSON of another type — is counted and skipped; the lines
-    around it still count.  Members of the wrong type count as absent.
+    around it still count. So is an object nested deeper than the decoder's
+    recursion limit (about 1,000 levels), which cannot be read.  Members of
+    the wrong type count as absent.
 
     Args:
         lines: the trace's lines, each with or without its ``\\n``.

@@ -29,7 +29,12 @@ import structlog
 from anyio.abc import ByteStream, TaskStatus, UNIXSocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES, ErrorCode
+from capsule_client.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    MAX_MESSAGE_BYTES,
+    ErrorCode,
+)
 
 from .jsonrpc import Dispatcher, encode_error
 
@@ -40,6 +45,7 @@ __all__ = [
     "bind_unix_listener",
     "bind_unix_listener_socket",
     "current_connection",
+    "fit_to_descriptors",
 ]
 
 log = structlog.get_logger("capsuled.server")
@@ -61,11 +67,25 @@ class Connection:
         self.number = number
         self.busy = False
         self.scope = anyio.CancelScope()
+        #: Set once the connection has ended (subscriptions end with it).
+        self.closed = anyio.Event()
         self._send_lock = anyio.Lock()
         self._write_timeout_s = write_timeout_s
+        self._after_reply: list[Callable[[], None]] = []
         self._raw_socket: socket.socket | None = stream.extra(
             anyio.abc.SocketAttribute.raw_socket, None
         )
+
+    def call_after_reply(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the reply to the request being handled is sent
+        (a subscription's first notification must follow its reply)."""
+        self._after_reply.append(callback)
+
+    def replied(self) -> None:
+        """The current request's reply went out (or none was owed): run the callbacks."""
+        callbacks, self._after_reply = self._after_reply, []
+        for callback in callbacks:
+            callback()
 
     def end_reading(self) -> None:
         """Make the pending read see end-of-stream, so the connection ends by itself.
@@ -149,6 +169,7 @@ class Server:
         self._accept_scope = anyio.CancelScope()
         self._connection_closed = anyio.Event()
         self._stopping = False
+        self._spare_fd: int | None = None
 
     @property
     def clients(self) -> int:
@@ -161,25 +182,70 @@ class Server:
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept connections until :meth:`stop_accepting`, then wait for them to end."""
-        async with anyio.create_task_group() as connections:
-            async with listener:
-                task_status.started()
-                with self._accept_scope:
-                    await self._accept_loop(listener, connections)
-            await self.wait_closed()
+        """Accept connections until :meth:`stop_accepting`, then wait for them to end.
+
+        Before accepting, the connection cap is fitted to the open-file limit
+        (see :func:`fit_to_descriptors`), so that the cap answers -32002 before
+        ``accept`` runs out of descriptors.
+        """
+        self.max_connections = fit_to_descriptors(self.max_connections)
+        self._spare_fd = _open_spare()
+        try:
+            async with anyio.create_task_group() as connections:
+                async with listener:
+                    task_status.started()
+                    with self._accept_scope:
+                        await self._accept_loop(listener, connections)
+                await self.wait_closed()
+        finally:
+            if self._spare_fd is not None:
+                os.close(self._spare_fd)
+                self._spare_fd = None
 
     async def _accept_loop(self, listener: UnixListener, tg: anyio.abc.TaskGroup) -> None:
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
-                # EMFILE and friends: back off instead of spinning.
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._refuse_one(listener):
+                    continue
+                # Anything else, or no spare descriptor: back off instead of spinning.
                 log.warning("accept failed", error=str(exc), errno=exc.errno)
                 await anyio.sleep(0.1)
                 continue
             self._accepted += 1
             tg.start_soon(self._serve_connection, stream, self._accepted)
+
+    def _refuse_one(self, listener: UnixListener) -> bool:
+        """Out of descriptors: accept one waiting connection, answer -32002, close it.
+
+        A spare descriptor is held for this moment: closing it makes room for
+        the one ``accept``, so the client gets an answer instead of waiting in
+        the backlog for a descriptor that may never come.
+        """
+        if self._spare_fd is None:
+            self._spare_fd = _open_spare()
+            return False
+        os.close(self._spare_fd)
+        self._spare_fd = None
+        try:
+            try:
+                client, _ = listener.socket.accept()
+            except OSError:
+                return False
+            with client:
+                client.setblocking(False)
+                line = encode_error(
+                    ErrorCode.OVERLOADED, "overloaded: the daemon is out of file descriptors"
+                )
+                try:
+                    client.send(line + b"\n")
+                except OSError:
+                    pass
+            log.warning("connection refused: out of file descriptors")
+            return True
+        finally:
+            self._spare_fd = _open_spare()
 
     def stop_accepting(self) -> None:
         """Close the listener; connections go on until :meth:`close_idle` or they end."""
@@ -216,6 +282,7 @@ class Server:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
             self.connections.discard(connection)
+            connection.closed.set()
             # Wake every waiter, then arm a fresh event for the next close.
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
@@ -268,13 +335,86 @@ class Server:
                 return
             connection.busy = True
             try:
-                reply = await self.dispatcher.handle_line(line)
+                reply = await self._answer(connection, line)
                 if reply is not None and not await connection.send_line(reply):
                     return
+                connection.replied()
             finally:
                 connection.busy = False
             if final:
                 return
+
+    async def _answer(self, connection: Connection, line: bytes) -> bytes | None:
+        """The dispatcher's reply to ``line``; -32603 if the dispatcher itself fails.
+
+        The dispatcher answers every input it understands, but a failure it
+        did not foresee (in decoding, logging or encoding) must cost the peer
+        one error reply, not its connection (SPEC §7: -32603, "the connection
+        and the daemon live on").
+        """
+        try:
+            return await self.dispatcher.handle_line(line)
+        except Exception as exc:
+            log.error(
+                "request could not be answered",
+                connection=connection.number,
+                line_bytes=len(line),
+                exc_info=True,
+            )
+            return encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+
+#: Descriptors kept free for everything that is not a connection: the store,
+#: receipts being read, the watcher, the log, the listener (at most a quarter
+#: of a small limit).
+DESCRIPTOR_RESERVE = 64
+
+
+def fit_to_descriptors(max_connections: int) -> int:
+    """The connection cap that the open-file limit can honour.
+
+    Raises the soft ``RLIMIT_NOFILE`` to the hard limit (the daemon never uses
+    ``select``, so a large limit costs nothing), then caps connections at the
+    soft limit less a reserve. A smaller cap than asked is logged.
+
+    Args:
+        max_connections: the cap asked for (``--max-connections``).
+
+    Returns:
+        The cap to use, at least 1.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return max_connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, max_connections * 2)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (OSError, ValueError) as exc:  # macOS refuses more than OPEN_MAX
+            log.info("could not raise the open-file limit", error=str(exc))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    reserve = min(DESCRIPTOR_RESERVE, soft // 4)
+    fitted = max(1, min(max_connections, soft - reserve))
+    if fitted < max_connections:
+        log.warning(
+            "connection cap lowered to fit the open-file limit",
+            max_connections=max_connections,
+            fitted=fitted,
+            nofile_soft=soft,
+            nofile_hard=hard,
+        )
+    return fitted
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 async def _hang_up_gently(

@@ -351,7 +351,7 @@ class BoundSocket:
     inode: int
 
 
-def bind_unix_socket(path: Path, *, backlog: int = 128) -> BoundSocket:
+def bind_unix_socket(path: Path, *, backlog: int = socket.SOMAXCONN) -> BoundSocket:
     """Bind and listen on ``path`` with mode 0600; call only while holding the lock.
 
     A socket already at ``path`` is replaced only when nobody accepts

@@ -1,16 +1,30 @@
 """Read-only access to the ownership store (SPEC §4).
 
 The daemon never writes the store: runtimes do, through
-``capsule_client.store``. Each query opens the database with a
-``file:...?mode=ro`` URI and a busy timeout of at least 1 s, reads in one
-transaction and closes it again, so a store that is replaced or created
-while the daemon runs is simply read the next time.
+``capsule_client.store``. :class:`OwnershipReader` keeps one connection
+open (``file:...?mode=ro``, busy timeout of at least 1 s) and reads each
+answer in one read transaction. The connection is reopened when the file
+at the path is another one (replaced, or created after being missing).
+
+Change detection: ``PRAGMA data_version`` on that connection changes
+exactly when another connection committed. Answers are cached per key
+(input id, exec id, pid, session); while the data version stays the same,
+only keys not asked before are queried, so an observation in which nothing
+was written costs two pragmas. The check is made inside the read
+transaction, whose snapshot is the one the cached keys came from, so the
+stability check of SPEC §5 step 4 (query again, compare) still sees every
+commit that lands during an observation.
+
+A persistent connection matters for a second reason: opening and closing a
+WAL database, even read-only, modifies its ``-wal`` and ``-shm`` files, and
+the watcher reports writes to the store (``ChangeFeed.store_changed``): a
+connection per query made every observation wake the next one.
 
 :meth:`OwnershipReader.version` tells whether the store may have changed
 since it was last asked, without reading any table: the file's identity and
-``PRAGMA data_version`` on one connection kept open for that purpose (the
-value changes exactly when another connection commits). The reader asks
-ownership again only when the version, the keys or the sampled pids changed.
+``PRAGMA data_version`` on that connection. The reader asks ownership again
+only when the version, its candidates or the sampled pids changed, and its
+stability check (SPEC §5 step 4) compares versions instead of querying again.
 """
 
 from __future__ import annotations
@@ -75,6 +89,9 @@ def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
 class OwnershipReader:
     """Answers ownership questions from the store at ``path``, read-only.
 
+    Not thread-safe: one observation at a time uses it (the reader's single
+    flight), from whichever worker thread runs it.
+
     Args:
         path: the store, usually ``capsule_client.paths.store_path(home)``.
         busy_timeout_s: how long a query waits for a lock; at least 1 s (SPEC §4).
@@ -86,15 +103,34 @@ class OwnershipReader:
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
-        self._probe: sqlite3.Connection | None = None
-        self._probe_identity: tuple[int, int] | None = None
+        self._db: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._data_version: int | None = None
+        self._inputs: dict[str, str | None] = {}
+        self._execs: dict[str, str | None] = {}
+        self._processes: dict[int, list[tuple[int, str]]] = {}
+        self._contexts: dict[str, str | None] = {}
+        #: Queries that read tables (not answered from the cache alone).
+        self.queries = 0
+
+    def close(self) -> None:
+        """Close the connection (a later query opens it again)."""
+        if self._db is not None:
+            self._db.close()
+        self._db = None
+        self._identity = None
+        self._forget()
+
+    def _forget(self) -> None:
+        self._data_version = None
+        self._inputs, self._execs, self._processes, self._contexts = {}, {}, {}, {}
 
     def version(self) -> StoreVersion:
         """A value that differs whenever the store may have changed since the last call.
 
         Two equal values mean that nobody committed to the same file in
-        between (``PRAGMA data_version`` on a connection kept open for this;
-        a replaced file has another identity). Cheap: one ``stat`` and one
+        between (``PRAGMA data_version`` on the kept connection; a replaced
+        file has another identity). Cheap: a few ``stat`` calls and one
         pragma, no table read.
 
         Returns:
@@ -111,62 +147,70 @@ class OwnershipReader:
         except OSError as exc:
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
         identity = (st.st_dev, st.st_ino)
-        self._check_regular_files()
         try:
-            if self._probe is None or self._probe_identity != identity:
-                self.close()
-                self._probe = sqlite3.connect(
-                    self._uri,
-                    uri=True,
-                    timeout=self.busy_timeout_s,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                self._probe_identity = identity
-            (data_version,) = self._probe.execute("PRAGMA data_version").fetchone()
+            db = self._connect(identity)  # checks the files are regular when it opens
+            (data_version,) = db.execute("PRAGMA data_version").fetchone()
         except sqlite3.Error as exc:
             self.close()
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
         return (*identity, int(data_version))
-
-    def close(self) -> None:
-        """Close the connection :meth:`version` keeps (the next call opens it again)."""
-        if self._probe is not None:
-            self._probe.close()
-        self._probe = None
-        self._probe_identity = None
 
     def session_process_ownership(
         self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
     ) -> Ownership:
         """Which session owns each of the given input ids, exec ids and pids.
 
-        Only the keys asked are read; long key lists are split into chunks of
-        :data:`CHUNK_SIZE`. A missing store means nobody owns anything: the
-        answer is empty, with a gap saying so.
+        Only the keys asked are read (and of those, only the ones not cached
+        under the current data version); long key lists are split into
+        chunks of :data:`CHUNK_SIZE`. A missing store means nobody owns
+        anything: the answer is empty, with a gap saying so.
 
         Raises:
             StoreUnavailable: the store exists but cannot be read (the message
                 names the store and the cause).
         """
-        if not self.path.exists():
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.close()
             return Ownership(
                 gaps=(f"ownership store {self.path} does not exist; nobody owns anything",)
             )
+        except OSError as exc:
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        asked = sorted(set(inputs)), sorted(set(execs)), sorted(set(pids))
+        try:
+            db = self._connect((st.st_dev, st.st_ino))
+            db.execute("BEGIN")
+            try:
+                self._refresh(db, *asked)
+            finally:
+                db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        except StoreUnavailable:
+            self.close()
+            raise
+        return self._answer(*asked)
+
+    def _connect(self, identity: tuple[int, int]) -> sqlite3.Connection:
+        if self._db is not None and self._identity == identity:
+            return self._db
+        self.close()
         self._check_regular_files()
         try:
             db = sqlite3.connect(
-                self._uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None
+                self._uri,
+                uri=True,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"ownership store {self.path} cannot be opened: {exc}") from exc
-        try:
-            db.execute("BEGIN")
-            return self._query(db, sorted(set(inputs)), sorted(set(execs)), sorted(set(pids)))
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
-        finally:
-            db.close()
+        self._db, self._identity = db, identity
+        return db
 
     def _check_regular_files(self) -> None:
         """Refuse a store whose files are not regular files (a FIFO would block ``open``)."""
@@ -185,18 +229,32 @@ class OwnershipReader:
                     f"ownership store {self.path} cannot be opened: {name} is not a regular file"
                 )
 
-    def _query(
+    def _refresh(
         self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]
-    ) -> Ownership:
-        (version,) = db.execute("PRAGMA user_version").fetchone()
+    ) -> None:
+        """Inside a read transaction: drop the cache if anyone committed, read what is missing."""
+        (version,) = db.execute("PRAGMA user_version").fetchone()  # starts the read
         if version != USER_VERSION:
             raise StoreUnavailable(
                 f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
             )
-        owned_inputs = dict(self._select(db, "session_inputs", "input_id", inputs))
-        owned_execs = dict(self._select(db, "session_execs", "exec_id", execs))
-        processes: dict[int, list[tuple[int, str]]] = {}
-        for pid_chunk in _chunks(pids):
+        (data_version,) = db.execute("PRAGMA data_version").fetchone()
+        if data_version != self._data_version:
+            self._forget()
+            self._data_version = data_version
+        missing_inputs = [key for key in inputs if key not in self._inputs]
+        missing_execs = [key for key in execs if key not in self._execs]
+        missing_pids = [pid for pid in pids if pid not in self._processes]
+        if not (missing_inputs or missing_execs or missing_pids):
+            return
+        self.queries += 1
+        self._inputs.update(dict.fromkeys(missing_inputs))
+        self._inputs.update(self._select(db, "session_inputs", "input_id", missing_inputs))
+        self._execs.update(dict.fromkeys(missing_execs))
+        self._execs.update(self._select(db, "session_execs", "exec_id", missing_execs))
+        for pid in missing_pids:
+            self._processes[pid] = []
+        for pid_chunk in _chunks(missing_pids):
             marks = ",".join("?" * len(pid_chunk))
             rows = db.execute(
                 "SELECT pid, started_at, session_id FROM session_processes"
@@ -204,17 +262,34 @@ class OwnershipReader:
                 pid_chunk,
             )
             for pid, started_at, session_id in rows:
-                processes.setdefault(pid, []).append((started_at, session_id))
+                self._processes[pid].append((started_at, session_id))
         sessions = sorted(
-            {*owned_inputs.values(), *owned_execs.values()}
-            | {session for rows in processes.values() for _, session in rows}
+            {
+                *(owner for owner in self._inputs.values() if owner is not None),
+                *(owner for owner in self._execs.values() if owner is not None),
+                *(session for rows in self._processes.values() for _, session in rows),
+            }
+            - self._contexts.keys()
         )
-        contexts: dict[str, str | None] = {}
         for chunk in _chunks(sessions):
             marks = ",".join("?" * len(chunk))
             query = f"SELECT session_id, context_id FROM sessions WHERE session_id IN ({marks})"
-            contexts.update(db.execute(query, chunk))
-        return Ownership(owned_inputs, owned_execs, processes, contexts)
+            self._contexts.update(dict.fromkeys(chunk))
+            self._contexts.update(db.execute(query, chunk))
+
+    def _answer(self, inputs: list[str], execs: list[str], pids: list[int]) -> Ownership:
+        """The answer for the keys asked, from the cache; the cache keeps only those keys."""
+        self._inputs = {key: self._inputs[key] for key in inputs}
+        self._execs = {key: self._execs[key] for key in execs}
+        self._processes = {pid: self._processes[pid] for pid in pids}
+        owned_inputs = {key: owner for key, owner in self._inputs.items() if owner is not None}
+        owned_execs = {key: owner for key, owner in self._execs.items() if owner is not None}
+        processes = {pid: list(rows) for pid, rows in self._processes.items() if rows}
+        sessions = {*owned_inputs.values(), *owned_execs.values()} | {
+            session for rows in processes.values() for _, session in rows
+        }
+        self._contexts = {key: self._contexts.get(key) for key in sessions}
+        return Ownership(owned_inputs, owned_execs, processes, dict(self._contexts))
 
     @staticmethod
     def _select(

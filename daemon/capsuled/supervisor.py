@@ -2,8 +2,9 @@
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
 error reaches the caller and "ready" means ready): session discovery (the
-reader and its sampler, :mod:`capsuled.discovery`), then the server; then it
-waits for a shutdown.
+reader, its sampler and the exit watch, :mod:`capsuled.discovery`), the
+subscriptions it feeds (:mod:`capsuled.subscriptions`), the watcher, then
+the server; then it waits for a shutdown.
 Shutdown: stop accepting, close idle connections, let in-flight requests
 finish for up to ``drain_timeout_s``, cancel the rest (a running observation
 stops between two file reads), remove the socket.
@@ -30,6 +31,7 @@ from .config import Config
 from .discovery import Discovery
 from .jsonrpc import Dispatcher
 from .server import Server, UnixListener
+from .subscriptions import SubscriptionHub
 from .watcher import HomeWatcher
 
 __all__ = ["Daemon", "StartupError"]
@@ -58,7 +60,10 @@ class Daemon:
             sample_interval_s=config.sample_interval_s,
             totals=self.totals,
             watcher_mode=lambda: self.watcher.mode,
+            max_pidfds=config.max_pidfds,
         )
+        self.subscriptions = SubscriptionHub(lambda: self.sessions.announced, self.totals)
+        self.sessions.add_listener(self.subscriptions.publish)
         self.feed = self.sessions.changes
         self.watcher = HomeWatcher(
             config.home,
@@ -73,6 +78,7 @@ class Daemon:
         self.server = Server(
             self.dispatcher,
             max_connections=config.max_connections,
+            write_timeout_s=config.write_timeout_s,
             on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
         )
         self.notifier = service.Notifier.from_environ()
@@ -148,6 +154,7 @@ class Daemon:
                 # follows), so no request can find it not running. The watcher
                 # owes a rescan when its watch starts.
                 await tg.start(self.sessions.serve)
+                await tg.start(self.subscriptions.serve)
                 await tg.start(self.watcher.serve)
                 await tg.start(self.server.serve, UnixListener(listening.sock))
                 log.info(

@@ -52,6 +52,9 @@ WATCH_MODES: Final[tuple[WatcherMode, ...]] = get_args(WatcherMode)
 _PROVIDER_CLIENTS: Final = "provider-clients"
 _EXEC_PROCESSES: Final = "exec-processes"
 _SERVERS_REGISTRY: Final = "opencode-servers.json"
+#: The ownership store and its write-ahead log: a commit writes one of them;
+#: it is fed as "the store changed", never as a path (``ChangeFeed.store_changed``).
+_STORE_FILES: Final = (("capsule.db",), ("capsule.db-wal",))
 
 #: How long to wait before restarting a watch that failed, doubled per
 #: consecutive failure up to the maximum.
@@ -129,9 +132,11 @@ class _Restart(Exception):
 
 @dataclass(slots=True)
 class _Batch:
-    """One batch of changes, sorted: what to feed, and whether the watch is lost."""
+    """One batch of changes, sorted: what to feed, whether the store was written,
+    and whether the watch is lost."""
 
     paths: set[Path] = field(default_factory=set)
+    store: bool = False
     lost: bool = False
 
 
@@ -346,6 +351,8 @@ class HomeWatcher:
                 return
             if batch.paths:
                 self._feed.add(batch.paths)
+            if batch.store:
+                self._feed.store_changed()
             if batch.lost:
                 raise _Restart
 
@@ -392,6 +399,9 @@ class HomeWatcher:
                 continue
             if not relative.parts:
                 batch.lost |= kind == Change.deleted
+                continue
+            if relative.parts in _STORE_FILES:
+                batch.store = True
                 continue
             if not reader_cares(relative):
                 continue

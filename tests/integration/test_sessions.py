@@ -61,14 +61,24 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
     (home / "runtime/exec-processes").mkdir(mode=0o700, parents=True)
     with Client(sampled_daemon.socket_path) as client:
         assert client.status().watcher == "native"
-        # A barrier: the watcher reports in order, so once this receipt was
-        # seen (fed, or found by the walk those directories caused) and an
-        # observation went by without a walk, the directories are behind us.
-        write_exec_receipt(home, "exe_barrier", process.pid)
-        wait_until(
-            lambda: (s := client.snapshot(max_age_ms=0)).unowned and s.cost.rescans == 0,
-            message="the barrier, then an observation without a walk",
-        )
+        # Barriers: once a barrier receipt was seen and no rescan happened
+        # since the one before it, the directories' events are behind us. (A
+        # watch added on a new directory may report what it found there after
+        # a later write elsewhere, and the daemon observes as soon as events
+        # arrive, so one barrier is not always enough.)
+        barriers: list[int] = []
+
+        def quiet_barrier() -> bool:
+            before = client.status().totals.rescans
+            barriers.append(len(barriers) + 1)
+            write_exec_receipt(home, f"exe_barrier{len(barriers)}", process.pid)
+            wait_until(
+                lambda: len(client.snapshot(max_age_ms=0).unowned) == len(barriers),
+                message="the barrier",
+            )
+            return client.status().totals.rescans == before
+
+        wait_until(quiet_barrier, message="a barrier without a rescan")
         rescans = client.status().totals.rescans
         own(home, "ses_a", inputs=["inp_a"])
         write_provider_client_receipt(home, "run1", "inp_a", "c1", process.pid, provider="demo")
@@ -76,11 +86,13 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
             lambda: (s := client.snapshot(max_age_ms=0)).sessions and s,
             message="the session to appear",
         )
-        assert snapshot.cost.rescans == 0  # the observation that saw it read what was fed
-        assert snapshot.cost.dirty_paths >= 1
+        # No walk saw it: the watcher fed the path. (Which observation read it
+        # is not fixed: the daemon observes by itself when the store or a
+        # receipt is written, and a retry after "scanning" has nothing dirty.)
+        assert snapshot.cost.rescans == 0
         assert pids(snapshot) == {
             "ses_a": [("provider_client", process.pid)],
-            "unowned": [("exec", process.pid)],
+            "unowned": [("exec", process.pid)] * len(barriers),
         }
         assert snapshot.sessions[0].context_id == "ctx_ses_a"
         assert snapshot.discovery == "ready"

@@ -1,0 +1,123 @@
+"""Rendering results: a Markdown document (docs/benchmarks.md), text for the terminal, JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.harness import Result, Table
+
+__all__ = ["render_json", "render_markdown", "render_table"]
+
+_COMMAND = "`.venv/bin/python -m benchmarks` (or `make bench`)"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(table: Table) -> str:
+    """A Markdown table (also readable as plain text)."""
+    lines = [
+        "| " + " | ".join(_cell(c) for c in table.columns) + " |",
+        "| " + " | ".join("---" for _ in table.columns) + " |",
+    ]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table.rows]
+    return "\n".join(lines)
+
+
+def _targets_table(results: Sequence[Result]) -> Table:
+    rows = [
+        [str(result.scenario.number), verdict.target, verdict.measured, verdict.status]
+        for result in results
+        for verdict in result.verdicts
+    ]
+    return Table(columns=["#", "target", "measured", "status"], rows=rows)
+
+
+def _section(result: Result) -> list[str]:
+    scenario = result.scenario
+    lines = [
+        f"## {scenario.number}. {scenario.title}",
+        "",
+        f"Baseline in the same run: {scenario.baseline}. Target: {'; '.join(scenario.targets)}.",
+        "",
+    ]
+    if result.outcome is None:
+        reason = result.not_measured or f"failed: {result.failure}"
+        lines += [render_table(Table(columns=["result"], rows=[[f"not measured: {reason}"]]))]
+        return [*lines, ""]
+    for table in result.outcome.tables:
+        lines += [render_table(table), ""]
+    lines += [f"- {note}" for note in result.outcome.notes]
+    load = ""
+    if result.load_before is not None and result.load_after is not None:
+        load = (
+            f"; 1-minute load average {result.load_before:.2f} before, "
+            f"{result.load_after:.2f} after"
+        )
+    lines += [f"- Took {result.elapsed_s:.1f} s{load}.", ""]
+    return lines
+
+
+def render_markdown(
+    results: Sequence[Result], machine: Sequence[tuple[str, str]], *, quick: bool
+) -> str:
+    """The whole report: how to run, the machine, every target, every scenario."""
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    mode = "quick (small sizes: a smoke run, not numbers to steer by)" if quick else "full"
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by {_COMMAND} on {when}, mode: {mode}. Do not edit by hand: "
+        "run the command again.",
+        "",
+        "Every scenario runs the real daemon (`python -m capsuled`, a separate process) and "
+        "its baseline in the same run, on the same machine, one after the other. "
+        "`--quick` runs every scenario at small sizes in under a minute (the test suite "
+        "runs it so the benchmarks do not rot; it never asserts on speed). "
+        "`--only 1,6` runs some scenarios; `--output PATH` writes this page elsewhere.",
+        "",
+        "## Machine",
+        "",
+        render_table(Table(columns=["", ""], rows=[list(row) for row in machine])),
+        "",
+        "## Targets",
+        "",
+        render_table(_targets_table(results)),
+        "",
+    ]
+    for result in results:
+        lines += _section(result)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_json(
+    results: Sequence[Result], machine: Sequence[tuple[str, str]], *, quick: bool
+) -> dict[str, Any]:
+    """The same content as plain data (for scripts and the smoke test)."""
+    return {
+        "quick": quick,
+        "machine": dict(machine),
+        "scenarios": [
+            {
+                "number": r.scenario.number,
+                "title": r.scenario.title,
+                "elapsed_s": r.elapsed_s,
+                "load_before": r.load_before,
+                "load_after": r.load_after,
+                "not_measured": r.not_measured,
+                "failure": r.failure,
+                "tables": [
+                    {"columns": list(t.columns), "rows": [list(row) for row in t.rows]}
+                    for t in (r.outcome.tables if r.outcome else ())
+                ],
+                "verdicts": [
+                    {"target": v.target, "measured": v.measured, "status": v.status}
+                    for v in r.verdicts
+                ],
+            }
+            for r in results
+        ],
+    }

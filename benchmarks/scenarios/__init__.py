@@ -1,0 +1,88 @@
+"""The registry: every scenario, in report order.
+
+Each module holds one scenario's ``run``; the texts here are what the report
+shows even when a scenario cannot run.
+"""
+
+from __future__ import annotations
+
+from benchmarks.harness import Scenario
+
+from . import latency, live, memory, ping, reconcile, scan, snapshot
+
+__all__ = ["SCENARIOS", "by_number"]
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        number=1,
+        title="sessions.snapshot latency at 1k, 10k and 100k receipts, nothing changing",
+        baseline="a naive per-query walk + parse + liveness check (in the benchmark)",
+        targets=(
+            "p99 <= 2 ms at 10k receipts",
+            ">= 100x faster than the naive p50",
+            "p50 growth 1k -> 100k <= 1.5x",
+        ),
+        run=snapshot.run,
+    ),
+    Scenario(
+        number=2,
+        title="cold scan at 10k and 100k receipts",
+        baseline="`find HOME -name '*.json' -exec cat {} + >/dev/null`",
+        targets=("<= 3x the find+cat time",),
+        run=scan.run_cold,
+    ),
+    Scenario(
+        number=3,
+        title="one changed receipt among 100k -> next observation",
+        baseline="the cold scan (scenario 2)",
+        targets=(">= 100x cheaper than the cold scan",),
+        run=scan.run_change,
+    ),
+    Scenario(
+        number=4,
+        title="receipt written -> visible; process killed -> gone",
+        baseline="—",
+        targets=(
+            "receipt written -> visible in sessions.snapshot: p99 <= 50 ms",
+            "process killed -> gone: report what sampling gives",
+        ),
+        run=latency.run,
+    ),
+    Scenario(
+        number=5,
+        title="reconcile of a generated 100 MB trace",
+        baseline="`grep -c shell_detached` on the same file",
+        targets=("<= 3x grep",),
+        run=reconcile.run,
+    ),
+    Scenario(
+        number=6,
+        title="ping requests/s with 1, 4 and 16 concurrent clients",
+        baseline="a bare Python asyncio NDJSON echo server on a Unix socket",
+        targets=(f">= {ping.TARGET_RATIO}x the echo server",),
+        run=ping.run,
+    ),
+    Scenario(
+        number=7,
+        title="daemon RSS at 100k receipts",
+        baseline="—",
+        targets=("<= 1 KiB per retained receipt",),
+        run=memory.run,
+    ),
+    Scenario(
+        number=8,
+        title="receipt written -> sessions.changed; process killed -> sessions.changed",
+        baseline="—",
+        targets=(
+            "receipt -> notification: p99 <= 50 ms",
+            "exit -> notification: p99 <= 20 ms",
+        ),
+        run=live.run,
+    ),
+)
+
+
+def by_number(numbers: set[int] | None) -> list[Scenario]:
+    """The scenarios whose numbers are in ``numbers`` (all if ``None``), in order."""
+    return [s for s in SCENARIOS if numbers is None or s.number in numbers]

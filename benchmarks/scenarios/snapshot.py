@@ -1,0 +1,167 @@
+"""Scenario 1: ``sessions.snapshot`` latency with nothing changing, against a naive walk.
+
+For each size a daemon serves a generated home (every receipt live, sharing
+~50 ``sleep`` processes). Once its answer is ``ready`` and lists every
+receipt, one client sends the requests back to back and times each reply
+(bytes in, bytes out: no client-side decoding). The naive baseline
+(:mod:`benchmarks.naive`) runs in the benchmark's own process on the same
+home, fewer times at large sizes because each query takes seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+import msgspec
+
+from benchmarks.daemon import DaemonProcess
+from benchmarks.harness import Context, Outcome, Table, judge, require_modules
+from benchmarks.naive import naive_live_receipts
+from benchmarks.rawclient import RawClient, request_line
+from benchmarks.stats import Summary, fmt_bytes, fmt_count, fmt_ratio, fmt_s, summarize, time_calls
+
+__all__ = ["run", "wait_for_answer"]
+
+P99_TARGET_S = 0.002
+NAIVE_RATIO_TARGET = 100.0
+GROWTH_TARGET = 1.5
+SNAPSHOT = request_line("sessions.snapshot")
+
+
+def _count_processes(snapshot: dict[str, Any]) -> int:
+    owned = sum(len(session["processes"]) for session in snapshot["sessions"])
+    return owned + len(snapshot["unowned"])
+
+
+def wait_for_answer(client: RawClient, receipts: int, timeout_s: float) -> dict[str, Any]:
+    """Ask until the answer is ``ready`` and lists ``receipts`` processes.
+
+    Raises:
+        RuntimeError: not so after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snapshot: dict[str, Any] = client.call(
+            "sessions.snapshot", {"timeout_ms": int(min(timeout_s, 60) * 1000)}
+        )
+        if snapshot["discovery"] == "ready" and _count_processes(snapshot) == receipts:
+            return snapshot
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"no ready answer listing {receipts} processes after {timeout_s} s: "
+                f"{snapshot['discovery']}, {_count_processes(snapshot)} processes, "
+                f"gaps {snapshot['gaps'][:3]}"
+            )
+        time.sleep(0.05)
+
+
+def _measure_daemon(ctx: Context, receipts: int, requests: int) -> tuple[Summary, int, str]:
+    home = ctx.home(receipts)
+    scratch = ctx.scratch(f"snapshot{receipts}")
+    with (
+        DaemonProcess(home.home, scratch / "d.sock") as daemon,
+        RawClient(daemon.socket_path) as client,
+    ):
+        first = wait_for_answer(client, receipts, timeout_s=ctx.size(quick=30.0, full=600.0))
+        for _ in range(min(20, requests)):  # warm-up
+            client.request(SNAPSHOT)
+        last_reply = b""
+        errors: list[bytes] = []
+
+        def one() -> None:
+            nonlocal last_reply
+            last_reply = client.request(SNAPSHOT)
+            if b'"result":' not in last_reply[:64]:
+                errors.append(last_reply[:200])
+
+        samples = time_calls(one, requests, max_s=ctx.size(quick=10.0, full=180.0))
+        last = msgspec.json.decode(last_reply)["result"]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(samples)} replies were errors: {errors[0]!r}")
+    steady = "steady"
+    if last["generation"] != first["generation"] or last["discovery"] != "ready":
+        steady = f"generation {first['generation']} -> {last['generation']}, {last['discovery']}"
+    return summarize(samples), len(last_reply), steady
+
+
+def run(ctx: Context) -> Outcome:
+    """Daemon and naive latency at each size; judge p99, the ratio and the growth."""
+    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
+    sizes = ctx.size(quick=(200, 1000), full=(1000, 10_000, 100_000))
+    requests = ctx.size(quick=200, full=1000)
+    naive_queries = ctx.size(quick={200: 20, 1000: 10}, full={1000: 100, 10_000: 20, 100_000: 5})
+    rows: list[list[str]] = []
+    daemon_p50: dict[int, float] = {}
+    daemon_p99: dict[int, float] = {}
+    ratios: dict[int, float] = {}
+    notes: list[str] = []
+    for receipts in sizes:
+        ours, reply_bytes, steady = _measure_daemon(ctx, receipts, requests)
+        home = ctx.home(receipts).home
+        found = naive_live_receipts(home)  # also warms the page cache
+        if found != receipts:
+            raise RuntimeError(f"the naive walk found {found} live receipts, not {receipts}")
+        naive = summarize(time_calls(partial(naive_live_receipts, home), naive_queries[receipts]))
+        ratio = naive.p50_s / ours.p50_s
+        daemon_p50[receipts], daemon_p99[receipts], ratios[receipts] = (
+            ours.p50_s,
+            ours.p99_s,
+            ratio,
+        )
+        ctx.log(
+            f"1: {receipts:,} receipts: daemon p50 {fmt_s(ours.p50_s)} p99 {fmt_s(ours.p99_s)}, "
+            f"naive p50 {fmt_s(naive.p50_s)} ({fmt_ratio(ratio)})"
+        )
+        if steady != "steady":
+            notes.append(f"At {receipts:,} receipts the answer moved while measured: {steady}.")
+        rows.append(
+            [
+                fmt_count(receipts),
+                fmt_bytes(reply_bytes),
+                f"{fmt_s(ours.p50_s)} / {fmt_s(ours.p99_s)} (n={ours.n})",
+                f"{fmt_s(naive.p50_s)} / {fmt_s(naive.p99_s)} (n={naive.n})",
+                fmt_ratio(ratio),
+            ]
+        )
+    at = min(sizes, key=lambda size: abs(size - 10_000))
+    growth = daemon_p50[sizes[-1]] / daemon_p50[sizes[0]]
+    worst = min(ratios, key=lambda size: ratios[size])
+    verdicts = [
+        judge(
+            "p99 <= 2 ms at 10k receipts",
+            f"{fmt_s(daemon_p99[at])} at {at:,}",
+            daemon_p99[at] <= P99_TARGET_S,
+        ),
+        judge(
+            ">= 100x faster than the naive p50",
+            f"{fmt_ratio(ratios[worst])} at {worst:,} (lowest)",
+            ratios[worst] >= NAIVE_RATIO_TARGET,
+        ),
+        judge(
+            "p50 growth 1k -> 100k <= 1.5x",
+            f"{fmt_ratio(growth)} from {sizes[0]:,} to {sizes[-1]:,}",
+            growth <= GROWTH_TARGET,
+        ),
+    ]
+    table = Table(
+        columns=[
+            "receipts",
+            "reply size",
+            "daemon p50 / p99",
+            "naive p50 / p99",
+            "naive / daemon (p50)",
+        ],
+        rows=rows,
+    )
+    notes += [
+        f"Daemon: {requests} `sessions.snapshot` requests back to back on one connection after "
+        "20 warm-up requests, default `max_age_ms`; timed from send to the reply's last byte. "
+        f"A size stops early after {ctx.size(quick=10, full=180)} s (n says how many ran).",
+        "Every receipt is live, so each answer lists every receipt's process: the reply grows "
+        "with the home, and so does the time to encode and send it.",
+        "Naive: one psutil sample, walk, `json.loads` and a start-time check per receipt; "
+        "no ownership, no projection, no reply. It runs in the benchmark's process.",
+    ]
+    return Outcome(tables=[table], verdicts=verdicts, notes=notes)

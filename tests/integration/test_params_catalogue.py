@@ -1,0 +1,112 @@
+"""Every parameter of every served method, given every JSON type (SPEC §7, docs/protocol.md).
+
+The fuzzer draws such requests at random; this catalogue makes sure each
+(method, parameter, value) pair is sent at least once, in every CI run, and
+answered as :mod:`rpc_model` predicts: -32602 naming the parameter when the
+value does not fit, a result or a documented error when it does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+import rpc_model
+from hardening import exchange
+from support import DaemonProcess, raw_exchange, short_tmpdir
+
+from capsule_client.protocol import METHOD_PARAMS
+
+#: One value of each JSON type and then some: (name, JSON text).
+VALUES = [
+    ("null", "null"),
+    ("true", "true"),
+    ("zero", "0"),
+    ("negative", "-1"),
+    ("float", "1.5"),
+    ("integral-float", "5.0"),
+    ("int64-max", str(2**63 - 1)),
+    ("beyond-u64", str(2**70)),
+    ("1e400", "1e400"),
+    ("empty-string", '""'),
+    ("string", '"ses_catalogue"'),
+    ("long-string", '"' + "s" * 5000 + '"'),
+    ("nul-string", '"ses_\\u0000"'),
+    ("array", "[1]"),
+    ("object", '{"a":1}'),
+    ("deep", "[" * 2000 + "]" * 2000),
+]
+
+#: A value for each parameter that fits, cheap to answer (no long poll).
+FITTING: dict[str, dict[str, str]] = {
+    "sessions.snapshot": {"timeout_ms": "0"},
+    "session.reconcile": {
+        "from_session": '"ses_catalogue"',
+        "this_session": '"ses_other"',
+        "context_id": '"ctx"',
+    },
+}
+
+
+def cases() -> Iterator[tuple[str, str, str, str]]:
+    for method, params_type in METHOD_PARAMS.items():
+        for field in msgspec.structs.fields(params_type):
+            for name, value in VALUES:
+                yield method, field.encode_name, name, value
+
+
+CASES = list(cases())
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[DaemonProcess, dict[str, rpc_model.MethodModel]]]:
+    with short_tmpdir() as tmp:
+        home = tmp / "home"
+        home.mkdir(mode=0o700)
+        with DaemonProcess(home, tmp / "p.sock", ["--log-level", "info"]) as daemon:
+            models = {}
+            for name, model in rpc_model.METHODS.items():
+                reply = raw_exchange(
+                    daemon.socket_path, b'{"jsonrpc":"2.0","id":0,"method":"%s"}\n' % name.encode()
+                )
+                if json.loads(reply).get("error", {}).get("code") != -32601:
+                    models[name] = model
+            yield daemon, models
+
+
+def test_the_catalogue_covers_every_parameter() -> None:
+    fields = {
+        (m, f.encode_name) for m, t in METHOD_PARAMS.items() for f in msgspec.structs.fields(t)
+    }
+    assert {(m, f) for m, f, _, _ in CASES} == fields
+    assert fields  # methods with params exist
+
+
+@pytest.mark.parametrize("method", sorted({m for m, _, _, _ in CASES}))
+def test_every_parameter_with_every_type(
+    served: tuple[DaemonProcess, dict[str, rpc_model.MethodModel]], method: str
+) -> None:
+    daemon, models = served
+    if method not in models:
+        pytest.skip(f"{method} is not served by this daemon")
+    lines, ids = [], []
+    for m, field, name, value in CASES:
+        if m != method:
+            continue
+        members = {**FITTING.get(method, {}), field: value}
+        params = "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in members.items()) + "}"
+        lines.append(
+            f'{{"jsonrpc":"2.0","id":{len(lines)},"method":"{method}","params":{params}}}'.encode()
+        )
+        ids.append(None if name == "deep" else len(lines) - 1)  # too deep: -32700, id null
+    payload = b"\n".join(lines) + b"\n"
+    received, closed = exchange(daemon.socket_path, payload)
+    assert not closed
+    rpc_model.check(payload, received, models)
+    replies = [json.loads(x) for x in received.splitlines()]
+    assert [r["id"] for r in replies] == ids
+    refused = sum(1 for r in replies if r.get("error", {}).get("code") == -32602)
+    assert refused >= len(lines) // 2  # most values do not fit; each refusal was checked
+    assert daemon.process is not None and daemon.process.poll() is None
