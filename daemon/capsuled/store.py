@@ -149,7 +149,7 @@ class OwnershipReader:
         identity = (st.st_dev, st.st_ino)
         try:
             db = self._connect(identity)  # checks the files are regular when it opens
-            (data_version,) = db.execute("PRAGMA data_version").fetchone()
+            ((data_version,),) = db.execute("PRAGMA data_version").fetchall()  # ends the read
         except sqlite3.Error as exc:
             self.close()
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
