@@ -1,4 +1,4 @@
-"""Giving memory back to the OS under glibc (SPEC §7: the daemon's memory stays bounded).
+"""Giving freed memory back to the OS under glibc, so the daemon's RSS follows what it keeps.
 
 Two habits of glibc's allocator make the daemon's resident size much larger
 than what it keeps (measured at 100,000 retained receipts):
