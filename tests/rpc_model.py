@@ -129,8 +129,21 @@ def snapshot_params(params: Any) -> str | None:
             "timeout_ms": lambda v: _int_in(v, 0, 3_600_000),
             "max_age_ms": lambda v: v is None or _int_in(v, 0, 3_600_000),
             "since": lambda v: v is None or _int_in(v, 0, None),
+            "usage": lambda v: isinstance(v, bool),
         },
         (),
+    )
+
+
+def subscribe_params(params: Any) -> str | None:
+    return _named(params, {"since": lambda v: v is None or _int_in(v, 0, None)}, ())
+
+
+def unsubscribe_params(params: Any) -> str | None:
+    return _named(
+        params,
+        {"subscription": lambda v: isinstance(v, str) and 1 <= len(v) <= 128},
+        ("subscription",),
     )
 
 
@@ -197,6 +210,14 @@ def rescan_result(result: Any) -> None:
     assert result == {"scheduled": True}, result
 
 
+def subscribe_result(result: Any) -> None:
+    assert isinstance(result, dict) and isinstance(result["subscription"], str), result
+
+
+def unsubscribe_result(result: Any) -> None:
+    assert isinstance(result, dict) and isinstance(result["unsubscribed"], bool), result
+
+
 #: Every method SPEC §7 names; a test passes the subset the daemon serves.
 METHODS: dict[str, MethodModel] = {
     "ping": MethodModel(no_params, ping_result),
@@ -206,6 +227,9 @@ METHODS: dict[str, MethodModel] = {
         reconcile_params, reconcile_result, frozenset({-32003, -32004})
     ),
     "reader.rescan": MethodModel(no_params, rescan_result),
+    # -32002: too many subscriptions on one connection.
+    "sessions.subscribe": MethodModel(subscribe_params, subscribe_result, frozenset({-32002})),
+    "sessions.unsubscribe": MethodModel(unsubscribe_params, unsubscribe_result),
 }
 
 
@@ -421,6 +445,8 @@ def check(payload: bytes, received: bytes, methods: Mapping[str, MethodModel]) -
     prediction = predict(payload, methods)
     assert received == b"" or received.endswith(b"\n"), received[-200:]
     got = [json.loads(line) for line in received.split(b"\n")[:-1]] if received else []
+    # Server notifications (subscriptions) may interleave with replies (SPEC §7).
+    got = [line for line in got if not (isinstance(line, dict) and "method" in line)]
     wanted = [line for line in prediction.lines if line is not None]
     if not _match(wanted, got, methods):
         # Say where: the first reply that does not fit, checked strictly.

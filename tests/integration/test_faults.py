@@ -388,15 +388,17 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
     home = short_dir / "home"
     home.mkdir(mode=0o700)
     live_session(home, sleeper, "ses_live")
-    with DaemonProcess(home, short_dir / "s.sock", ["--log-level", "info"]) as daemon:
-        assert sessions_of(fresh_snapshot(daemon)) == {"ses_live"}
-        # A writer that keeps the store to itself: in WAL mode only an exclusive
-        # locking mode keeps readers out, for as long as the writer holds it.
-        writer = sqlite3.connect(store_path(home), isolation_level=None)
-        writer.execute("PRAGMA locking_mode = EXCLUSIVE")
-        writer.execute("BEGIN EXCLUSIVE")
-        writer.execute("INSERT INTO sessions VALUES ('ses_w', NULL, NULL, 0)")
-        try:
+    # A writer that keeps the store to itself: in WAL mode only an exclusive
+    # locking mode keeps readers out, and it can only be had while no reader
+    # holds the store open, so the writer takes it before the daemon starts
+    # (the daemon keeps its read-only connection open once it has one).
+    writer = sqlite3.connect(store_path(home), isolation_level=None)
+    writer.execute("PRAGMA locking_mode = EXCLUSIVE")
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("INSERT INTO sessions VALUES ('ses_w', NULL, NULL, 0)")
+    released = False
+    try:
+        with DaemonProcess(home, short_dir / "s.sock", ["--log-level", "info"]) as daemon:
             began = time.monotonic()
             locked = fresh_snapshot(daemon)
             waited_s = time.monotonic() - began
@@ -405,14 +407,17 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
             assert any("locked" in gap for gap in locked["gaps"]), locked["gaps"]
             with Client(daemon.socket_path) as client:
                 assert client.ping().pong is True  # the server is not held up
-        finally:
             writer.execute("ROLLBACK")
             writer.close()
-        recovered = wait_until(
-            lambda: (s := fresh_snapshot(daemon))["discovery"] == "ready" and s,
-            message="discovery to recover",
-        )
-        assert sessions_of(recovered) == {"ses_live"}
+            released = True
+            recovered = wait_until(
+                lambda: (s := fresh_snapshot(daemon))["discovery"] == "ready" and s,
+                message="discovery to recover",
+            )
+            assert sessions_of(recovered) == {"ses_live"}
+    finally:
+        if not released:
+            writer.close()
     assert waited_s >= 1.0  # the busy timeout (SPEC §4: at least 1 s) was honoured
     record(
         "store_locked",

@@ -121,7 +121,10 @@ VALID_PARAMS: dict[str, list[dict[str, Any]]] = {
         {"timeout_ms": 10, "task": "tsk_fuzz"},
         {"max_age_ms": 60_000, "timeout_ms": 0},
         {"since": 123_456_789, "timeout_ms": 0},
+        {"timeout_ms": 0, "usage": True},
     ],
+    "sessions.subscribe": [{}, {"since": 123_456_789}],
+    "sessions.unsubscribe": [{"subscription": "sub_fuzz"}],
     "session.reconcile": [
         {"from_session": "ses_fuzz", "this_session": "ses_other", "context_id": "ctx"},
         {"from_session": "../etc", "this_session": "ses_x", "context_id": ""},
