@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import msgspec
 import pytest
 from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
 
@@ -178,3 +179,34 @@ async def test_a_stopped_discovery_refuses_to_observe(discovery: Discovery) -> N
     discovery.stop()
     with pytest.raises(ShuttingDown):
         await snapshot(discovery, max_age_ms=0)
+
+
+async def test_snapshot_json_is_the_snapshot_encoded_once(tmp_path: Path, pool: Sleepers) -> None:
+    # A home whose name spells the keys the encoder splices at must not confuse it.
+    world = World(tmp_path / 'h"sessions":0,"unowned":0', pool)
+    process = world.pool.start()
+    world.own("ses_a", execs=["exe_1"], context_id="ctx_a")
+    world.exec_receipt("exe_1", process.pid)
+    world.exec_receipt("exe_2", process.pid)
+    async with running(Discovery(world.home, sample_interval_s=30)) as discovery:
+        data = await discovery.snapshot_json(SnapshotParams(task="t", max_age_ms=0))
+        decoded = msgspec.json.decode(data, type=ActiveSessionsSnapshot)
+        assert decoded.home == str(world.home)
+        assert decoded.task == "t"
+        assert pids(decoded) == {
+            "ses_a": [("exec", process.pid)],
+            "unowned": [("exec", process.pid)],
+        }
+        assert decoded == msgspec.structs.replace(discovery.latest, task="t")
+
+        assert await discovery.snapshot_json(SnapshotParams(task="t")) is data  # kept
+        untasked = await discovery.snapshot_json(SnapshotParams())
+        assert msgspec.json.decode(untasked, type=ActiveSessionsSnapshot) == (
+            msgspec.structs.replace(decoded, task=None)
+        )
+
+        newer = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
+        renewed = msgspec.json.decode(newer, type=ActiveSessionsSnapshot)
+        assert renewed == discovery.latest
+        assert renewed.sessions == decoded.sessions
+        assert renewed.generation == decoded.generation

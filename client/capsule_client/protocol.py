@@ -284,8 +284,11 @@ class DiscoveryCost(Struct):
     dirty_paths: int = 0
 
 
-class SessionProcess(Struct, omit_defaults=True):
+class SessionProcess(Struct, omit_defaults=True, gc=False):
     """A live process and why it belongs where it is listed.
+
+    Holds only strings and numbers, so it is not tracked by the garbage
+    collector (``gc=False``): the daemon keeps one per live receipt.
 
     Attributes:
         kind: ``provider_client`` (from a provider-client receipt), ``exec``

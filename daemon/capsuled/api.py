@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 import structlog
 
 from capsule_client.paths import records_root
 from capsule_client.protocol import (
     METHOD_PARAMS,
-    ActiveSessionsSnapshot,
     LostReport,
     NoParams,
     PingResult,
@@ -92,11 +92,12 @@ class Api:
             pidfds=daemon.sessions.exits.held,
         )
 
-    async def sessions_snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+    async def sessions_snapshot(self, params: SnapshotParams) -> msgspec.Raw:
         """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
 
         An ``unavailable`` observation is answered as a snapshot (not an
-        error): its gaps say why.
+        error): its gaps say why. The result is the encoded
+        ``ActiveSessionsSnapshot``, kept by discovery for the latest answer.
 
         Raises:
             ShuttingDown: the daemon stopped observing.
@@ -104,9 +105,12 @@ class Api:
         """
         connection = current_connection.get(None)
         if connection is None:
-            return await self.daemon.sessions.snapshot(params)
+            return msgspec.Raw(await self.daemon.sessions.snapshot_json(params))
         # A long poll may wait long; a client that left must not hold its slot.
-        return await connection.unless_peer_leaves(lambda: self.daemon.sessions.snapshot(params))
+        encoded = await connection.unless_peer_leaves(
+            lambda: self.daemon.sessions.snapshot_json(params)
+        )
+        return msgspec.Raw(encoded)
 
     async def sessions_subscribe(self, params: SubscribeParams) -> SubscribeResult:
         """``sessions.subscribe`` (SPEC §7): ``sessions.changed`` notifications on this connection.

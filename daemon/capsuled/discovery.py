@@ -25,9 +25,20 @@ the home and everything asynchronous around it:
 
 The watcher feeds :attr:`Discovery.changes` with changed paths under the home
 (as configured or resolved: the reader maps one onto the other) and rescan
-requests; ``watcher_mode`` tells Discovery what it does now. While no watcher
-runs (mode ``off``), every observation owes a full rescan, so answers stay
-right at the cost of a walk each time.
+requests; ``watcher_mode`` tells Discovery what it does now. While a watcher
+runs (``native`` or ``polling``), the reader trusts it for file changes: an
+observation reads only the paths it reported and checks no other receipt
+(the watcher's periodic full rescan is the net under silent overflows; see
+:class:`~capsuled.reader.ActiveSessionReader`). While no watcher runs (mode
+``off``), every observation owes a full rescan, so answers stay right at the
+cost of a walk each time.
+
+**Encoded once.** :meth:`Discovery.snapshot_json` answers with the reply's
+bytes: the latest answer is encoded once per observation and ``task``, and
+its two long lists (``sessions``, ``unowned``) once per change of either
+(the reader hands back the same list objects while nothing changed), so a
+request answered from the latest observation costs a copy and a socket
+write, not an encoding.
 """
 
 from __future__ import annotations
@@ -35,8 +46,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import anyio
 import anyio.from_thread
@@ -48,12 +60,14 @@ from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
     DiscoveryState,
+    Session,
     SessionProcess,
     SnapshotParams,
     StatusTotals,
     WatcherMode,
 )
 
+from . import heap
 from .changes import ChangeFeed
 from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
@@ -71,6 +85,77 @@ __all__ = ["NO_WATCHER_NOTE", "Discovery"]
 log = structlog.get_logger("capsuled.discovery")
 
 NO_WATCHER_NOTE: Final = "no watcher runs: every observation walks the home from scratch"
+
+_encoder: Final = msgspec.json.Encoder()
+
+#: What the two long lists are replaced by while the rest of a snapshot is encoded.
+_PLACEHOLDERS: Final = b'"sessions":0,"unowned":0'
+_SESSIONS_KEY: Final = b'"sessions":'
+_UNOWNED_KEY: Final = b',"unowned":'
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    """A snapshot's JSON bytes, and where its ``sessions`` and ``unowned`` lie in them."""
+
+    answer: ActiveSessionsSnapshot
+    task: str | None
+    data: bytes
+    sessions: memoryview
+    unowned: memoryview
+
+
+def _encode(
+    answer: ActiveSessionsSnapshot, task: str | None, previous: _Encoded | None
+) -> _Encoded:
+    """Encode ``answer`` with ``task``, reusing ``previous``'s bytes for lists it shares."""
+    if (
+        previous is not None
+        and previous.answer.sessions is answer.sessions
+        and previous.answer.unowned is answer.unowned
+    ):
+        sessions, unowned = previous.sessions, previous.unowned
+    else:
+        sessions = memoryview(_encoder.encode(answer.sessions))
+        unowned = memoryview(_encoder.encode(answer.unowned))
+    placeholder = msgspec.Raw(b"0")
+    rest = msgspec.structs.replace(
+        answer,
+        task=task,
+        sessions=cast(list[Session], placeholder),
+        unowned=cast(list[SessionProcess], placeholder),
+    )
+    head = _encoder.encode(rest)
+    at = head.index(_PLACEHOLDERS)  # the keys come after strings, which escape '"'
+    data = b"".join(
+        (
+            head[:at],
+            _SESSIONS_KEY,
+            sessions,
+            _UNOWNED_KEY,
+            unowned,
+            head[at + len(_PLACEHOLDERS) :],
+        )
+    )
+    view = memoryview(data)
+    sessions_at = at + len(_SESSIONS_KEY)
+    unowned_at = sessions_at + len(sessions) + len(_UNOWNED_KEY)
+    return _Encoded(
+        answer,
+        task,
+        data,
+        view[sessions_at : sessions_at + len(sessions)],
+        view[unowned_at : unowned_at + len(unowned)],
+    )
+
+
+def _observe(reader: ActiveSessionReader) -> Observation:
+    """One observation; after a walk from scratch, the freed heap goes back to the OS."""
+    observation = reader.observe()
+    if observation.snapshot.cost.rescans:
+        heap.trim()  # the walk's garbage
+    return observation
+
 
 #: Pause between two attempts of an observation that answered ``scanning``.
 _RETRY_PAUSE_S: Final = 0.005
@@ -123,6 +208,7 @@ class Discovery:
         self._generations = Generations()
         self._reader = self._new_reader()
         self._latest: ActiveSessionsSnapshot | None = None
+        self._encoded: _Encoded | None = None
         self._latest_at = 0.0  # monotonic
         self._flight: _Flight | None = None
         self._published = anyio.Event()
@@ -281,11 +367,12 @@ class Discovery:
 
     async def _fly(self, flight: _Flight) -> None:
         try:
-            if self.watcher_mode == "off":
-                self.changes.request_rescan()
             reader = self._reader
+            reader.trust_watcher = self.watcher_mode != "off"
+            if not reader.trust_watcher:
+                self.changes.request_rescan()
             self._served = self._wakes
-            observation = await anyio.to_thread.run_sync(reader.observe)
+            observation = await anyio.to_thread.run_sync(_observe, reader)
             self._count(observation)
             if observation.home_replaced and reader is self._reader:
                 self._restart_reader(observation)
@@ -371,6 +458,22 @@ class Discovery:
             return None
         return latest
 
+    async def snapshot_json(self, params: SnapshotParams) -> bytes:
+        """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply).
+
+        The bytes are kept for the latest answer and ``task``: a request for
+        the same again is answered without encoding. An answer with ``usage``
+        is measured for its request, so it is encoded for it alone.
+        """
+        answer = await self._answer(params)
+        if params.usage:
+            measured = await self._with_usage(answer)
+            return _encoder.encode(msgspec.structs.replace(measured, task=params.task))
+        encoded = self._encoded
+        if encoded is None or encoded.answer is not answer or encoded.task != params.task:
+            encoded = self._encoded = _encode(answer, params.task, encoded)
+        return encoded.data
+
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """Answer ``sessions.snapshot`` (SPEC §7).
 
@@ -381,6 +484,13 @@ class Discovery:
         else wait for a new one up to ``timeout_ms``. An ``unavailable``
         answer is returned as it is, its gaps saying why.
         """
+        answer = await self._answer(params)
+        if params.usage:
+            answer = await self._with_usage(answer)
+        return msgspec.structs.replace(answer, task=params.task)
+
+    async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """The observation that answers ``params``, as published (its ``task`` not set)."""
         deadline = time.monotonic() + params.timeout_ms / 1000
         max_age_s = (
             self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
@@ -388,9 +498,7 @@ class Discovery:
         answer = self._fresh(max_age_s) or await self._settle(deadline)
         if params.since is not None:
             answer = await self._wait_for_change(params.since, answer, deadline)
-        if params.usage:
-            answer = await self._with_usage(answer)
-        return msgspec.structs.replace(answer, task=params.task)
+        return answer
 
     async def _with_usage(self, answer: ActiveSessionsSnapshot) -> ActiveSessionsSnapshot:
         """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``."""

@@ -196,10 +196,10 @@ class Dispatcher:
             if is_notification:
                 return None
             try:
-                # Encode here so that an unencodable result is this request's error.
-                return SuccessResponse(
-                    jsonrpc=JSONRPC_VERSION, id=id, result=Raw(_encoder.encode(result))
-                )
+                # Encode here so that an unencodable result is this request's error;
+                # a handler may hand over its result already encoded (a Raw).
+                raw = result if isinstance(result, Raw) else Raw(_encoder.encode(result))
+                return SuccessResponse(jsonrpc=JSONRPC_VERSION, id=id, result=raw)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise RuntimeError(f"result of {name} cannot be encoded") from exc
         except _Invalid as invalid:

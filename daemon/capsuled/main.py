@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
-from . import logs
+from . import heap, logs
 from .config import Config, ConfigError, parse_args
 from .supervisor import Daemon, StartupError
 
@@ -25,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until the event loop reads signals, SIGHUP (a rescan later) must not
     # kill the daemon; SIGTERM and SIGINT this early find nothing to clean up.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    heap.keep_large_buffers_mapped_apart()  # megabyte replies must not pin the heap
     try:
         config = parse_args(argv)
     except ConfigError as exc:

@@ -15,13 +15,20 @@ time per reader.
 
 Departures from the seed, each allowed by SPEC §5:
 
-* Step 2 re-checks a candidate with ``lstat`` (device, inode, size,
-  ``mtime_ns``, ``ctime_ns``) and re-reads only what changed, so an
-  observation in which nothing changed costs one ``stat`` per candidate and no
-  reads. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
+* Step 2 ("re-reads every candidate ... a re-read may be replaced by a
+  ``stat`` check ... as long as the result is the same"): while a watcher
+  feeds the reader (``trust_watcher``), the check is the watcher itself, and
+  only the paths it reported are read; the periodic rescan is the net under
+  silent overflows. Without one, step 2 re-checks a candidate with ``lstat``
+  (device, inode, size, ``mtime_ns``, ``ctime_ns``) and re-reads only what
+  changed. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
   moment it was read is re-read anyway, because a later write in the same
   timestamp tick would leave the same stamps (git's "racy clean" problem).
-  Liveness is always re-evaluated against the fresh sample.
+  Liveness is re-evaluated against every fresh sample, for the candidates of
+  the pids the sample shows gone or reused.
+* Step 3 asks the store only about what it was not asked before, unless the
+  store's ``PRAGMA data_version`` moved; step 4 compares that version instead
+  of querying again.
 * A pending path that forces a rescan makes *this* observation walk from
   scratch, instead of answering ``scanning`` first.
 * Watcher changes that cannot affect the answer (the store, traces under
@@ -33,10 +40,12 @@ Departures from the seed, each allowed by SPEC §5:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import errno
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -70,7 +79,7 @@ from capsule_client.receipts import (
 )
 from capsuled.changes import ChangeFeed
 from capsuled.processes import ProcessSample, matches_start, sample_processes
-from capsuled.store import Ownership, OwnershipReader, StoreUnavailable
+from capsuled.store import Ownership, OwnershipReader, StoreUnavailable, StoreVersion
 
 __all__ = [
     "GAP_CATCHING_UP",
@@ -229,52 +238,86 @@ class _Signature:
         ) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-@dataclass(slots=True)
-class _Candidate:
+#: The owner of a candidate whose ownership was not asked yet.
+_UNASKED: Final = "\0unasked"
+
+
+class _Candidate(msgspec.Struct, gc=False):
     """A receipt that parsed and was live at its last read, projected once.
 
-    ``process`` is what snapshots list (None when the input directory's name
-    is not an input id: then ``gap`` says so); ``key`` is the input id or
-    exec id asked of the store.
+    The decoded receipt is not kept: ``process`` carries what snapshots list
+    (None when the input directory's name is not an input id: then ``gap``
+    says so), ``pid`` and ``start_s`` (the receipt's start time, Unix
+    seconds, unrounded) decide liveness. ``key`` is the input id or exec id
+    asked of the store; ``owner`` the session that owns it (None: nobody)
+    once ownership was asked, :data:`_UNASKED` before. ``signature`` is None
+    when the reader trusts the watcher (nothing re-checks it).
+
+    Untracked by the garbage collector (``gc=False``): it refers to nothing
+    that could refer back to it.
     """
 
     kind: _Kind
-    receipt: Receipt
-    signature: _Signature
+    pid: int
+    start_s: float
+    signature: _Signature | None
     process: SessionProcess | None
     key: str
     gap: str | None
+    owner: str | None = _UNASKED
+
+    def same(self, other: _Candidate) -> bool:
+        """Whether ``other`` says what this one says (a re-read of an unchanged receipt)."""
+        return (
+            self.kind is other.kind
+            and self.pid == other.pid
+            and self.start_s == other.start_s
+            and self.key == other.key
+            and self.gap == other.gap
+            and self.process == other.process
+        )
+
+    def live(self, sample: ProcessSample) -> bool:
+        """Liveness against one sample (SPEC §3; seed 004 ``Receipt::live``)."""
+        tolerance_s = (
+            EXEC_RECEIPT_TOLERANCE_S if self.kind is _Kind.EXEC else PROVIDER_CLIENT_TOLERANCE_S
+        )
+        return matches_start(sample, self.pid, self.start_s, tolerance_s)
 
 
 def _candidate(
-    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature, input_dir: str
+    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature | None, input_dir: str
 ) -> _Candidate:
+    """``relative`` (the path under the home) becomes the process's ``receipt``."""
     if isinstance(receipt, ExecReceipt):
         process = SessionProcess(
             kind="exec",
             pid=receipt.pid,
             started_at=receipt.started_at,
             exec_id=receipt.exec_id,
-            command=msgspec.UNSET if receipt.command is None else receipt.command,
+            command=msgspec.UNSET if receipt.command is None else sys.intern(receipt.command),
             receipt=_wire_text(relative),
         )
-        return _Candidate(kind, receipt, signature, process, receipt.exec_id, None)
-    input_id = relative.split(os.sep)[2]
+        return _Candidate(
+            kind, receipt.pid, receipt.started_at, signature, process, receipt.exec_id, None
+        )
+    start_s = receipt.started_at_s
+    input_id = sys.intern(relative.split(os.sep)[2])  # shared by the input's clients
     if not is_valid_input_id(input_id):
         gap = (
             f"{input_dir}: {input_id!r} is not an input id"
             " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
         )
-        return _Candidate(kind, receipt, signature, None, input_id, gap)
+        return _Candidate(kind, receipt.pid, start_s, signature, None, input_id, gap)
     process = SessionProcess(
         kind="provider_client",
         pid=receipt.pid,
-        started_at=round(receipt.started_at_s),
+        started_at=round(start_s),
         input_id=input_id,
-        provider=msgspec.UNSET if receipt.provider is None else receipt.provider,
+        provider=msgspec.UNSET if receipt.provider is None else sys.intern(receipt.provider),
         receipt=_wire_text(relative),
     )
-    return _Candidate(kind, receipt, signature, process, input_id, None)
+    return _Candidate(kind, receipt.pid, start_s, signature, process, input_id, None)
 
 
 @dataclass(slots=True)
@@ -282,6 +325,22 @@ class _Error:
     message: str
     kind: _Kind | None  # None for a directory or the servers registry
     signature: _Signature | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """The lists of the latest projection, kept to be answered again while nothing changes.
+
+    ``owned_processes`` is session id → its processes owned by (pid, start
+    time) rows; ``by_id`` session id → its :class:`Session` in ``sessions``.
+    """
+
+    sessions: list[Session]
+    unowned: list[SessionProcess]
+    servers: list[ServerEntry]
+    gaps: list[str]
+    owned_processes: dict[str, list[SessionProcess]]
+    by_id: dict[str, Session]
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,8 +443,39 @@ class ActiveSessionReader:
         cancel: when set, the running observation stops before its next file
             read and raises :class:`ObservationCancelled`.
         generations: the answer counter to continue; a new one when omitted.
+        trust_watcher: whether a watcher feeds ``changes`` (may be changed
+            between observations: the daemon sets it from its watcher mode).
 
     The first observation walks from scratch.
+
+    **Trusting the watcher.** With ``trust_watcher`` set, an observation that
+    is not a rescan reads only the pending paths the watcher reported; the
+    other candidates are not ``stat``-checked (SPEC §5 step 2 allows a re-read
+    to be replaced by a check "as long as the result is the same": here that
+    rests on the watcher reporting every write). Kernel queue overflows are
+    silent (LIBRARY-FACTS.md): the periodic rescan is the net under silent
+    overflows (the full walk the watcher owes every ``--rescan-interval``,
+    SPEC §8), and any error of the watch itself owes a rescan at once. Without it (a library user
+    without a watcher), every observation ``stat``-checks every candidate and
+    errored receipt and re-reads what changed, as before.
+
+    **Incremental observations.** Whatever did not change is not redone:
+
+    * liveness: candidates are indexed by pid, and each new process sample is
+      compared with the previous one; only the candidates of pids that are
+      gone or whose start time changed are judged again, so an unchanged
+      process table costs O(processes), not O(receipts);
+    * ownership is asked only for candidates not asked before and pids not
+      sampled before, and asked again for everything when the store's
+      :meth:`~capsuled.store.OwnershipReader.version` changed;
+    * projection: each session's list (and ``unowned``) is kept sorted and
+      updated by the candidates that came, went or changed owner; when
+      nothing changed, the previous lists are the answer (and its
+      generation stays).
+
+    The stability check (step 4) is then: no relevant path arrived in the
+    feed, the store's version did not change, and (without a trusted
+    watcher) the ``stat`` check found nothing new.
     """
 
     def __init__(
@@ -396,6 +486,7 @@ class ActiveSessionReader:
         ownership: OwnershipReader | None = None,
         cancel: threading.Event | None = None,
         generations: Generations | None = None,
+        trust_watcher: bool = False,
     ) -> None:
         self.home = Path(home).resolve()
         self._home = str(self.home)
@@ -405,13 +496,17 @@ class ActiveSessionReader:
         self.changes = ChangeFeed() if changes is None else changes
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
+        self.trust_watcher = trust_watcher
         self._cancel = threading.Event() if cancel is None else cancel
         self._uid = os.geteuid()
         try:
             self._identity = self._stat_home()
         except (_Unavailable, OSError):  # reported by the first observation
             self._identity = None
+        # Candidates are keyed by their path relative to the home: the same
+        # string object is the process's ``receipt`` (one copy per receipt).
         self._candidates: dict[str, _Candidate] = {}
+        self._by_pid: dict[int, dict[str, None]] = {}  # pid → candidate keys
         self._errors: dict[str, _Error] = {}
         self._error_bytes = 0
         self._servers: list[ServerRegistryEntry] = []
@@ -420,6 +515,25 @@ class ActiveSessionReader:
         self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
         self._rescan = True
         self._cost = DiscoveryCost()
+        # Liveness: the sample every candidate was last judged against.
+        self._sample: dict[int, float] = {}
+        # Ownership, as of store version ``_store_version``.
+        self._store_version: StoreVersion | object = _UNASKED
+        self._asked_of: OwnershipReader | None = None  # the store reader those came from
+        self._asked_pids: set[int] = set()
+        self._rows: dict[int, list[tuple[int, str]]] = {}
+        self._contexts: dict[str, str | None] = {}
+        self._ownership_gaps: tuple[str, ...] = ()
+        self._unasked: set[str] = set()  # candidate paths whose owner is not asked yet
+        # Projection: the sorted lists of the previous answer, and what moved since.
+        self._groups: dict[str | None, list[SessionProcess]] = {}  # owner → receipt processes
+        self._moves: dict[str | None, tuple[list[SessionProcess], list[SessionProcess]]] = {}
+        self._regroup = True  # rebuild every group from the candidates
+        self._gap_counts: dict[str, int] = {}  # candidate gaps (invalid input ids)
+        self._gaps_changed = True  # candidate gaps, errors or the store's gaps
+        self._contexts_changed = False
+        self._mutations = 0  # changes to candidates and errors, for the step 4 check
+        self._answer: _Answer | None = None
 
     # ----------------------------------------------------------------------
     # Public surface
@@ -460,16 +574,17 @@ class ActiveSessionReader:
         try:
             watched = self._observe_into(snapshot)
         except ObservationCancelled:
-            self._rescan = True
+            self._owe_rescan()
             raise
         except _Unavailable as exc:
-            self._rescan = True
+            self._owe_rescan()
             home_replaced = isinstance(exc, _HomeReplaced)
             self._unavailable(snapshot, str(exc))
         except StoreUnavailable as exc:
+            self._store_version = _UNASKED
             self._unavailable(snapshot, str(exc))
         except OSError as exc:
-            self._rescan = True
+            self._owe_rescan()
             self._unavailable(snapshot, f"observation failed: {exc}")
         self._cost.retained = len(self._candidates)
         snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
@@ -481,41 +596,36 @@ class ActiveSessionReader:
 
     def _observe_into(self, snapshot: ActiveSessionsSnapshot) -> dict[int, float]:
         """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on."""
-        sample = self._collect()
-        ownership = self._ownership(sample)
-        sessions, unowned, projection_gaps = self._project(sample, ownership)
-        snapshot.sessions = sessions
-        snapshot.unowned = unowned
-        snapshot.servers = self._live_servers(sample)
-        watched = self._watched(sample, sessions, snapshot.servers)
-        snapshot.gaps = [
-            *ownership.gaps,
-            *projection_gaps,
-            *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
-        ]
-        if self._moved(sample, ownership):
+        version = self._collect()
+        self._refresh_ownership(version)
+        answer = self._project()
+        snapshot.sessions = answer.sessions
+        snapshot.unowned = answer.unowned
+        snapshot.servers = answer.servers
+        snapshot.gaps = answer.gaps
+        watched = self._watched(answer)
+        if self._moved(version):
             snapshot.discovery = "scanning"
             snapshot.sessions = []
             snapshot.unowned = []
-            snapshot.gaps.append(GAP_MOVED)
+            snapshot.gaps = [*answer.gaps, GAP_MOVED]
         elif self._rescan:
             snapshot.discovery = "scanning"
             snapshot.sessions = []
             snapshot.unowned = []
-            snapshot.gaps.append(GAP_CATCHING_UP)
+            snapshot.gaps = [*answer.gaps, GAP_CATCHING_UP]
         return watched
 
-    def _watched(
-        self, sample: ProcessSample, sessions: list[Session], servers: list[ServerEntry]
-    ) -> dict[int, float]:
-        pids = {candidate.receipt.pid for candidate in self._candidates.values()}
-        pids.update(
-            process.pid
-            for session in sessions
-            for process in session.processes
-            if process.kind == "process"
-        )
-        pids.update(server.pid for server in servers)
+    def _watched(self, answer: _Answer) -> dict[int, float]:
+        """pid → sampled start time of every live process the answer rests on.
+
+        The candidates' pids (from the pid index), the store's processes that
+        matched the sample, the live servers: O(processes), not O(receipts).
+        """
+        sample = self._sample
+        pids = set(self._by_pid)
+        pids.update(p.pid for listed in answer.owned_processes.values() for p in listed)
+        pids.update(server.pid for server in answer.servers)
         return {pid: sample[pid] for pid in pids if pid in sample}
 
     @staticmethod
@@ -527,27 +637,45 @@ class ActiveSessionReader:
         snapshot.servers = []
         snapshot.gaps = [gap]
 
-    def _collect(self) -> ProcessSample:
-        """Steps 1-2: bring the cache up to date; return the sample liveness is decided on."""
+    def _owe_rescan(self) -> None:
+        """The cache may be half updated: walk from scratch next time, and forget the answer."""
+        self._rescan = True
+        self._answer = None
+
+    def _collect(self) -> StoreVersion:
+        """Steps 1-2: bring the cache up to date against a fresh sample.
+
+        Returns the store's version, taken before anything is asked of it.
+        """
         self._check_cancelled()
         self._check_home()
         self._take_changes()
         self._cost.dirty_paths = len(self._pending)
-        sample = self._sample()
+        version = self.ownership.version()
+        self._resample()
         if self._rescan:
-            self._walk_from_scratch(sample)
-            sample = self._sample()
+            self._walk_from_scratch()
+            self._resample()
         else:
             pending, self._pending = self._pending, set()
             self._linked_dirs = {}
             for path in sorted(pending):
-                self._apply(path, sample)
-        self._recheck_all(sample)
-        return sample
+                self._apply(path)
+            if not self.trust_watcher:
+                self._recheck_all()
+        return version
 
-    def _sample(self) -> ProcessSample:
+    def _resample(self) -> None:
+        """Take a fresh sample; judge again the candidates of pids that went or were reused."""
         self._cost.process_samples += 1
-        return sample_processes()
+        sample = sample_processes()
+        previous, self._sample = self._sample, sample
+        for pid, start in previous.items():
+            if sample.get(pid) == start:
+                continue
+            for key in list(self._by_pid.get(pid, ())):
+                if not self._candidates[key].live(sample):
+                    self._drop(key)
 
     def _take_changes(self) -> bool:
         """Move the feed's relevant paths into ``pending`` and its rescan request into
@@ -565,18 +693,24 @@ class ActiveSessionReader:
                 moved = True
         return moved
 
-    def _walk_from_scratch(self, sample: ProcessSample) -> None:
+    def _walk_from_scratch(self) -> None:
         self._cost.rescans += 1
         self._candidates.clear()
+        self._by_pid.clear()
+        self._unasked.clear()
+        self._gap_counts.clear()
+        self._moves.clear()
+        self._regroup = True
         self._errors.clear()
+        self._gaps_changed = True
         self._error_bytes = 0
         self._pending.clear()
-        self._scan(os.path.join(self._home, _RUNS), (_RUNS,), sample)
-        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS, sample)
+        self._scan(os.path.join(self._home, _RUNS), (_RUNS,))
+        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS)
         self._read_servers()
         self._rescan = False
 
-    def _apply(self, path: str, sample: ProcessSample) -> None:
+    def _apply(self, path: str) -> None:
         """Bring one pending path up to date (seed 004 ``reconcile``)."""
         parts = self._parts(path)
         action = _action(parts)
@@ -587,9 +721,9 @@ class ActiveSessionReader:
             self._drop_under(path)
         elif action in (_Action.PROVIDER_CLIENT, _Action.EXEC):
             kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
-            self._read_receipt(path, kind, sample)
+            self._read_receipt(path, kind)
         elif action is _Action.WALK and parts is not None:
-            self._scan(path, parts, sample)
+            self._scan(path, parts)
 
     def _through_symlink(self, path: str) -> bool:
         """Whether a directory between the home and ``path`` is a symlink.
@@ -603,72 +737,260 @@ class ActiveSessionReader:
             linked = self._linked_dirs[parent] = os.path.realpath(parent) != parent
         return linked
 
-    def _recheck_all(self, sample: ProcessSample) -> None:
-        """Step 2: every candidate and errored receipt against the fresh sample."""
+    def _recheck_all(self) -> None:
+        """Step 2 without a trusted watcher: ``stat``-check every candidate and errored receipt."""
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
-        for path in [*self._candidates, *receipts]:  # a path is in one of the two
-            self._recheck(path, sample)
+        candidates = [os.path.join(self._home, key) for key in self._candidates]
+        for path in [*candidates, *receipts]:  # a path is in one of the two
+            self._recheck(path)
         self._recheck_servers()
 
-    def _moved(self, sample: ProcessSample, ownership: Ownership) -> bool:
-        """Step 4: did candidates, ownership or the file system move during the observation?"""
-        before = self._state()
-        self._recheck_all(sample)
-        moved = self._state() != before
-        moved |= self._ownership(sample) != ownership
+    def _moved(self, version: StoreVersion) -> bool:
+        """Step 4: did candidates, ownership or the file system move during the observation?
+
+        Ownership moved when the store's version is not the one taken before
+        it was asked; candidates moved when (without a trusted watcher) the
+        ``stat`` check changes anything, against the same sample.
+        """
+        moved = False
+        if not self.trust_watcher:
+            before = self._mutations
+            self._recheck_all()
+            moved = self._mutations != before
+        moved |= self.ownership.version() != version
         moved |= self._take_changes()  # a rescan owed is reported apart: catching up
         return moved
 
-    def _state(self) -> tuple[dict[str, Receipt], dict[str, str]]:
-        return (
-            {path: candidate.receipt for path, candidate in self._candidates.items()},
-            {path: error.message for path, error in self._errors.items()},
-        )
+    # ----------------------------------------------------------------------
+    # The cache's candidates: every change goes through _put and _drop
 
-    def _ownership(self, sample: ProcessSample) -> Ownership:
+    def _put(self, key: str, candidate: _Candidate) -> None:
+        """Make ``candidate`` the one at ``key`` (its path under the home).
+
+        A re-read that parsed the same keeps the old one (and its place in the answer).
+        """
+        old = self._candidates.get(key)
+        if old is not None and old.same(candidate):
+            old.signature = candidate.signature
+            return
+        if old is not None:
+            self._drop(key)
+        self._mutations += 1
+        self._candidates[key] = candidate
+        self._by_pid.setdefault(candidate.pid, {})[key] = None
+        if candidate.gap is not None:
+            self._gap_counts[candidate.gap] = self._gap_counts.get(candidate.gap, 0) + 1
+            self._gaps_changed = True
+        else:
+            self._unasked.add(key)
+
+    def _drop(self, key: str) -> None:
+        candidate = self._candidates.pop(key, None)
+        if candidate is None:
+            return
+        self._mutations += 1
+        pid = candidate.pid
+        keys = self._by_pid[pid]
+        del keys[key]
+        if not keys:
+            del self._by_pid[pid]
+        if candidate.gap is not None:
+            self._gaps_changed = True
+            count = self._gap_counts[candidate.gap] - 1
+            if count:
+                self._gap_counts[candidate.gap] = count
+            else:
+                del self._gap_counts[candidate.gap]
+        elif key in self._unasked:
+            self._unasked.discard(key)
+        elif candidate.process is not None:
+            self._move(candidate.owner, candidate.process, added=False)
+
+    def _move(self, owner: str | None, process: SessionProcess, *, added: bool) -> None:
+        if self._regroup:
+            return
+        removed_list, added_list = self._moves.setdefault(owner, ([], []))
+        (added_list if added else removed_list).append(process)
+
+    # ----------------------------------------------------------------------
+    # Ownership (SPEC §5 step 3)
+
+    def _refresh_ownership(self, version: StoreVersion) -> None:
+        """Ask the store about what it was not asked yet, or everything if it changed."""
+        sample = self._sample
+        # Versions of two store readers (connections) are not comparable.
+        everything = version != self._store_version or self.ownership is not self._asked_of
+        if everything:
+            paths: list[str] = [p for p, c in self._candidates.items() if c.gap is None]
+            pids: list[int] = list(sample)
+        else:
+            paths = sorted(self._unasked)
+            pids = [pid for pid in sample if pid not in self._asked_pids]
+        if not (everything or paths or pids):
+            return
         inputs: list[str] = []
         execs: list[str] = []
-        for candidate in self._candidates.values():
-            if candidate.process is None:
-                continue
+        for path in paths:
+            candidate = self._candidates[path]
             (execs if candidate.kind is _Kind.EXEC else inputs).append(candidate.key)
-        return self.ownership.session_process_ownership(inputs, execs, sample.keys())
+        answer = self.ownership.session_process_ownership(inputs, execs, pids)
+        if everything:
+            self._rows = {}
+            self._contexts_changed |= answer.contexts != self._contexts
+            self._gaps_changed |= answer.gaps != self._ownership_gaps
+            self._contexts = {}
+            self._ownership_gaps = answer.gaps
+        self._asked_pids = set(sample)
+        for pid in [pid for pid in self._rows if pid not in sample]:
+            del self._rows[pid]
+        self._rows.update(answer.processes)
+        self._contexts.update(answer.contexts)
+        self._assign(paths, answer)
+        if not self._unasked:
+            self._unasked = set()  # a set does not shrink as it empties
+        self._store_version = version
+        self._asked_of = self.ownership
+
+    def _assign(self, keys: list[str], answer: Ownership) -> None:
+        """Set the owners of the candidates at ``keys``; record how the groups move."""
+        for key in keys:
+            candidate = self._candidates[key]
+            by_key = answer.execs if candidate.kind is _Kind.EXEC else answer.inputs
+            owner = by_key.get(candidate.key)
+            if owner is not None:
+                owner = sys.intern(owner)  # one string per session, not per receipt
+            if key in self._unasked:
+                self._unasked.discard(key)
+            elif owner == candidate.owner:
+                continue
+            elif candidate.process is not None:
+                self._move(candidate.owner, candidate.process, added=False)
+            candidate.owner = owner
+            if candidate.process is not None:
+                self._move(owner, candidate.process, added=True)
 
     # ----------------------------------------------------------------------
     # Projection (SPEC §5 step 3)
 
-    def _project(
-        self, sample: ProcessSample, ownership: Ownership
-    ) -> tuple[list[Session], list[SessionProcess], list[str]]:
+    def _project(self) -> _Answer:
+        """The answer's lists; the previous ones, where nothing they rest on changed.
+
+        Lists are never changed in place once answered (earlier snapshots
+        and their encoded bytes keep them): a changed list is a new one.
+        """
+        dirty = self._regroup_all() if self._regroup else self._apply_moves()
+        if self._contexts_changed:
+            dirty.update(self._groups)
+            dirty.add("")  # the session list is built again even if no group remains
+            self._contexts_changed = False
+        owned_processes = self._owned_processes()
+        servers = self._live_servers(self._sample)
+        previous = self._answer
+        if previous is None:
+            previous = _Answer([], [], [], [], {}, {})
+        elif (
+            not dirty
+            and owned_processes == previous.owned_processes
+            and servers == previous.servers
+            and not self._gaps_changed
+        ):
+            return previous
+        sessions, by_id = self._sessions(previous, dirty, owned_processes)
+        unowned = self._groups.get(None)
+        if unowned is None:
+            unowned = previous.unowned if not previous.unowned else []
+        if self._gaps_changed or self._answer is None:
+            gaps = [
+                *self._ownership_gaps,
+                *sorted(self._gap_counts),
+                *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
+            ]
+        else:
+            gaps = previous.gaps
+        self._gaps_changed = False
+        if servers == previous.servers:
+            servers = previous.servers
+        self._answer = _Answer(sessions, unowned, servers, gaps, owned_processes, by_id)
+        return self._answer
+
+    def _owned_processes(self) -> dict[str, list[SessionProcess]]:
+        """session id → the sampled processes it owns by (pid, start time) rows."""
         owned: dict[str, list[SessionProcess]] = {}
-        unowned: list[SessionProcess] = []
-        gaps: set[str] = set()
-        for candidate in self._candidates.values():
-            process = candidate.process
-            if process is None:
-                gaps.add(str(candidate.gap))
-                continue
-            by_key = ownership.execs if candidate.kind is _Kind.EXEC else ownership.inputs
-            owner = by_key.get(candidate.key)
-            if owner is None:
-                unowned.append(process)
-            else:
-                owned.setdefault(owner, []).append(process)
-        for pid, rows in ownership.processes.items():
+        for pid, rows in self._rows.items():
             for started_at, session_id in rows:
-                if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
+                if matches_start(self._sample, pid, started_at, PROCESS_TOLERANCE_S):
                     owned.setdefault(session_id, []).append(
                         SessionProcess(kind="process", pid=pid, started_at=started_at)
                     )
-        sessions = [
-            Session(
-                session_id,
-                ownership.contexts.get(session_id),
-                sorted(owned[session_id], key=_order),
-            )
-            for session_id in sorted(owned)
-        ]
-        return sessions, sorted(unowned, key=_order), sorted(gaps)
+        return owned
+
+    def _sessions(
+        self,
+        previous: _Answer,
+        dirty: set[str | None],
+        owned_processes: dict[str, list[SessionProcess]],
+    ) -> tuple[list[Session], dict[str, Session]]:
+        """The sessions, rebuilding only the dirty ones; the previous list if none was."""
+        sessions: list[Session] = []
+        by_id: dict[str, Session] = {}
+        owners = {owner for owner in self._groups if owner is not None}
+        for session_id in sorted(owners | owned_processes.keys()):
+            processes = owned_processes.get(session_id)
+            session = previous.by_id.get(session_id)
+            if (
+                session is None
+                or session_id in dirty
+                or processes != previous.owned_processes.get(session_id)
+            ):
+                listed = self._groups.get(session_id, [])
+                if processes:
+                    listed = sorted([*listed, *processes], key=_order)
+                session = Session(session_id, self._contexts.get(session_id), listed)
+            sessions.append(session)
+            by_id[session_id] = session
+        if len(sessions) == len(previous.sessions) and all(
+            new is old for new, old in zip(sessions, previous.sessions, strict=True)
+        ):
+            return previous.sessions, previous.by_id
+        return sessions, by_id
+
+    def _regroup_all(self) -> set[str | None]:
+        """Every group from the candidates, sorted; returns the owners (all dirty)."""
+        groups: dict[str | None, list[SessionProcess]] = {}
+        for candidate in self._candidates.values():
+            if candidate.process is not None and candidate.owner is not _UNASKED:
+                groups.setdefault(candidate.owner, []).append(candidate.process)
+        for processes in groups.values():
+            processes.sort(key=_order)
+        dirty = {*self._groups, *groups, ""}
+        self._groups = groups
+        self._moves.clear()
+        self._regroup = False
+        return dirty
+
+    def _apply_moves(self) -> set[str | None]:
+        """Update the groups the moves touched (copies: earlier answers keep theirs)."""
+        dirty: set[str | None] = set()
+        for owner, (removed, added) in self._moves.items():
+            if sorted(removed, key=_order) == sorted(added, key=_order):
+                continue  # came back the same
+            processes = list(self._groups.get(owner, ()))
+            for process in removed:
+                at = bisect.bisect_left(processes, _order(process), key=_order)
+                while at < len(processes) and processes[at] is not process:
+                    at += 1
+                if at == len(processes):  # not where it should be: build every group again
+                    return self._regroup_all()
+                del processes[at]
+            for process in added:
+                bisect.insort(processes, process, key=_order)
+            if processes:
+                self._groups[owner] = processes
+            else:
+                self._groups.pop(owner, None)
+            dirty.add(owner)
+        self._moves.clear()
+        return dirty
 
     def _live_servers(self, sample: ProcessSample) -> list[ServerEntry]:
         live = []
@@ -746,7 +1068,7 @@ class ActiveSessionReader:
         if self._cancel.is_set():
             raise ObservationCancelled("active session observation cancelled")
 
-    def _scan(self, path: str, parts: _Parts, sample: ProcessSample) -> None:
+    def _scan(self, path: str, parts: _Parts) -> None:
         """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
         self._check_cancelled()
         try:
@@ -766,11 +1088,11 @@ class ActiveSessionReader:
         with entries:
             try:
                 for entry in entries:
-                    self._visit(entry, (*parts, entry.name), sample)
+                    self._visit(entry, (*parts, entry.name))
             except OSError as exc:
                 self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
 
-    def _visit(self, entry: os.DirEntry[str], parts: _Parts, sample: ProcessSample) -> None:
+    def _visit(self, entry: os.DirEntry[str], parts: _Parts) -> None:
         if entry.name.startswith("."):
             return
         try:
@@ -780,25 +1102,30 @@ class ActiveSessionReader:
         kind = _receipt_kind(parts)
         if is_dir and kind is None:
             if _walked(parts):
-                self._scan(entry.path, parts, sample)
+                self._scan(entry.path, parts)
             return
         # A receipt's place holds whatever it holds: a directory named x.json
         # is an error for that path, as it is when the watcher reports it.
         if kind is not None:
-            self._read_receipt(entry.path, kind, sample)
+            self._read_receipt(entry.path, kind)
+
+    def _key(self, path: str) -> str:
+        """The candidate key of an absolute path under the home."""
+        return path[len(self._home) + 1 :]
 
     def _drop_under(self, path: str) -> None:
         prefix = path + os.sep
-        for key in [k for k in self._candidates if k.startswith(prefix)]:
-            del self._candidates[key]
+        key_prefix = self._key(prefix) if path != self._home else ""
+        for key in [k for k in self._candidates if k.startswith(key_prefix)]:
+            self._drop(key)
         for key in [k for k in self._errors if k == path or k.startswith(prefix)]:
             self._clear_error(key)
 
     def _forget(self, path: str) -> None:
-        self._candidates.pop(path, None)
+        self._drop(self._key(path))
         self._clear_error(path)
 
-    def _read_receipt(self, path: str, kind: _Kind, sample: ProcessSample) -> None:
+    def _read_receipt(self, path: str, kind: _Kind) -> None:
         """Read, parse and judge one receipt; a failure is an error for its path, never raised."""
         self._check_cancelled()
         self._cost.receipts += 1
@@ -809,7 +1136,7 @@ class ActiveSessionReader:
             self._forget(path)
             return
         except OSError as exc:
-            self._candidates.pop(path, None)
+            self._drop(self._key(path))
             self._set_error(path, f"cannot stat receipt: {_describe(exc)}", kind, None)
             return
         try:
@@ -824,17 +1151,21 @@ class ActiveSessionReader:
                 else decode_provider_client_receipt(data)
             )
         except ReceiptError as exc:
-            self._candidates.pop(path, None)
-            self._set_error(path, str(exc), kind, _Signature.of(before, read_ns))
+            self._drop(self._key(path))
+            self._set_error(path, str(exc), kind, self._signature(before, read_ns))
             return
         self._clear_error(path)
-        if _live(receipt, sample):
-            relative = path[len(self._home) + 1 :]
-            input_dir = os.path.dirname(os.path.dirname(path))
-            signature = _Signature.of(st, read_ns)
-            self._candidates[path] = _candidate(relative, kind, receipt, signature, input_dir)
+        key = self._key(path)
+        input_dir = os.path.dirname(os.path.dirname(path))
+        candidate = _candidate(key, kind, receipt, self._signature(st, read_ns), input_dir)
+        if candidate.live(self._sample):
+            self._put(key, candidate)
         else:
-            self._candidates.pop(path, None)
+            self._drop(key)
+
+    def _signature(self, st: os.stat_result, read_ns: int) -> _Signature | None:
+        """What a later ``stat`` check compares; none is kept while the watcher is trusted."""
+        return None if self.trust_watcher else _Signature.of(st, read_ns)
 
     def _load(self, path: str) -> tuple[bytes, os.stat_result] | None:
         """Open without following symlinks or blocking; check type, owner and size; read.
@@ -874,9 +1205,9 @@ class ActiveSessionReader:
         self._cost.bytes += len(data)
         return data, st
 
-    def _recheck(self, path: str, sample: ProcessSample) -> None:
+    def _recheck(self, path: str) -> None:
         """Re-read a candidate or errored receipt, or trust ``lstat`` if nothing changed."""
-        candidate = self._candidates.get(path)
+        candidate = self._candidates.get(self._key(path))
         error = self._errors.get(path)
         kind = candidate.kind if candidate is not None else error.kind if error else None
         if kind is None:
@@ -892,10 +1223,10 @@ class ActiveSessionReader:
         except OSError:
             st = None
         if st is not None and signature is not None and signature.unchanged(st):
-            if candidate is not None and not _live(candidate.receipt, sample):
-                del self._candidates[path]
+            if candidate is not None and not candidate.live(self._sample):
+                self._drop(self._key(path))
             return
-        self._read_receipt(path, kind, sample)
+        self._read_receipt(path, kind)
 
     def _read_servers(self) -> None:
         path = os.path.join(self._home, *_SERVERS_PARTS)
@@ -937,7 +1268,13 @@ class ActiveSessionReader:
     def _set_error(
         self, path: str, message: str, kind: _Kind | None, signature: _Signature | None
     ) -> None:
+        error = self._errors.get(path)
+        if error is not None and error.message == message:
+            error.kind, error.signature = kind, signature
+            return
         self._clear_error(path)
+        self._mutations += 1
+        self._gaps_changed = True
         self._errors[path] = _Error(message, kind, signature)
         self._error_bytes += _error_size(path, message)
         if len(self._errors) > MAX_ERRORS or self._error_bytes > MAX_ERROR_BYTES:
@@ -946,6 +1283,8 @@ class ActiveSessionReader:
     def _clear_error(self, path: str) -> None:
         error = self._errors.pop(path, None)
         if error is not None:
+            self._mutations += 1
+            self._gaps_changed = True
             self._error_bytes -= _error_size(path, error.message)
 
 
@@ -963,13 +1302,6 @@ def _read_at_most(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def _live(receipt: Receipt, sample: ProcessSample) -> bool:
-    """Liveness of a receipt against one sample (seed 004 ``Receipt::live``)."""
-    if isinstance(receipt, ExecReceipt):
-        return matches_start(sample, receipt.pid, receipt.started_at, EXEC_RECEIPT_TOLERANCE_S)
-    return matches_start(sample, receipt.pid, receipt.started_at_s, PROVIDER_CLIENT_TOLERANCE_S)
 
 
 def _order(process: SessionProcess) -> tuple[str, int, int, str, str, str]:

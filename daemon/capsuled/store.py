@@ -19,6 +19,12 @@ A persistent connection matters for a second reason: opening and closing a
 WAL database, even read-only, modifies its ``-wal`` and ``-shm`` files, and
 the watcher reports writes to the store (``ChangeFeed.store_changed``): a
 connection per query made every observation wake the next one.
+
+:meth:`OwnershipReader.version` tells whether the store may have changed
+since it was last asked, without reading any table: the file's identity and
+``PRAGMA data_version`` on that connection. The reader asks ownership again
+only when the version, its candidates or the sampled pids changed, and its
+stability check (SPEC §5 step 4) compares versions instead of querying again.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
 
-__all__ = ["Ownership", "OwnershipReader", "StoreUnavailable"]
+__all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 
 #: The files SQLite opens by path for a store: the database, its WAL, its
 #: shared-memory index, its rollback journal.
@@ -44,6 +50,10 @@ _STORE_SUFFIXES: Final = ("", "-wal", "-shm", "-journal")
 CHUNK_SIZE: Final = 500
 
 _T = TypeVar("_T")
+
+#: What :meth:`OwnershipReader.version` returns: (device, inode, data_version),
+#: or None while the store does not exist.
+StoreVersion = tuple[int, int, int] | None
 
 
 class StoreUnavailable(Exception):
@@ -114,6 +124,36 @@ class OwnershipReader:
     def _forget(self) -> None:
         self._data_version = None
         self._inputs, self._execs, self._processes, self._contexts = {}, {}, {}, {}
+
+    def version(self) -> StoreVersion:
+        """A value that differs whenever the store may have changed since the last call.
+
+        Two equal values mean that nobody committed to the same file in
+        between (``PRAGMA data_version`` on the kept connection; a replaced
+        file has another identity). Cheap: a few ``stat`` calls and one
+        pragma, no table read.
+
+        Returns:
+            (device, inode, data_version), or None when the store does not exist.
+
+        Raises:
+            StoreUnavailable: the store exists but cannot be opened or read.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.close()
+            return None
+        except OSError as exc:
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        identity = (st.st_dev, st.st_ino)
+        try:
+            db = self._connect(identity)  # checks the files are regular when it opens
+            ((data_version,),) = db.execute("PRAGMA data_version").fetchall()  # ends the read
+        except sqlite3.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+        return (*identity, int(data_version))
 
     def session_process_ownership(
         self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]

@@ -398,8 +398,10 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
     writer.execute("INSERT INTO sessions VALUES ('ses_w', NULL, NULL, 0)")
     released = False
     try:
-        with DaemonProcess(home, short_dir / "s.sock", ["--log-level", "info"]) as daemon:
-            began = time.monotonic()
+        args = ["--log-level", "info", "--sample-interval", "60"]
+        with DaemonProcess(home, short_dir / "s.sock", args) as daemon:
+            fresh_snapshot(daemon)  # may join the first observation, already waiting
+            began = time.monotonic()  # this one observes from the start: nothing else runs
             locked = fresh_snapshot(daemon)
             waited_s = time.monotonic() - began
             assert locked["discovery"] == "unavailable", locked
