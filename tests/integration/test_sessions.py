@@ -166,9 +166,12 @@ def test_capsulectl_sessions_and_rescan(sampled_daemon: DaemonProcess, pool: Sle
     assert capsulectl(["rescan", "--json", *socket], out=out) == 0
     assert json.loads(out.getvalue()) == {"scheduled": True}
     with Client(sampled_daemon.socket_path) as client:
-        wait_until(lambda: client.status().totals.rescans > rescans, message="a rescan")
-        status = client.status()
-    assert status.discovery == "ready"
+        status = wait_until(
+            lambda: (
+                (s := client.status()).totals.rescans > rescans and s.discovery == "ready" and s
+            ),
+            message="a rescan, then a settled answer",
+        )
     assert status.last_cost is not None and status.last_cost.process_samples >= 1
     assert status.last_observed_at is not None
     assert status.totals.observations >= 2
