@@ -107,7 +107,11 @@ def test_without_a_watch_every_observation_walks(short_dir: Path, pool: Sleepers
     with DaemonProcess(home, short_dir / "d.sock", args) as daemon, Client(daemon.socket_path) as c:
         assert c.snapshot().unowned == []
         write_exec_receipt(home, "exe_1", process.pid)
-        snapshot = c.snapshot(max_age_ms=0)  # no watcher told anyone; the walk finds it
+        # No watcher told anyone; a walk finds it (the first answer may come from an
+        # observation that began before the write: single flight shares it).
+        snapshot = wait_until(
+            lambda: (s := c.snapshot(max_age_ms=0)).unowned and s, message="the receipt"
+        )
         assert pids(snapshot) == {"unowned": [("exec", process.pid)]}
         assert snapshot.cost.rescans == 1
         status = c.status()
@@ -232,8 +236,10 @@ def test_an_unreadable_store_is_answered_unavailable_and_logged(
 ) -> None:
     store_path(sampled_daemon.home).write_bytes(b"not a database" * 100)
     with Client(sampled_daemon.socket_path) as client:
-        snapshot = client.snapshot(max_age_ms=0)
-        assert snapshot.discovery == "unavailable"
+        snapshot = wait_until(
+            lambda: (s := client.snapshot(max_age_ms=0)).discovery == "unavailable" and s,
+            message="the bad store to be seen",
+        )
         assert "cannot be read" in snapshot.gaps[0]
         assert client.status().discovery == "unavailable"
     wait_until(
