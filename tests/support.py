@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -154,3 +154,13 @@ class DaemonProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def listen_unix(path: Path) -> Any:
+    """A listening socket for a server run in-process (the daemon's own binding takes a lock)."""
+    from capsuled.server import UnixListener
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen()
+    return UnixListener(sock)

@@ -9,10 +9,11 @@ from typing import Any
 import anyio
 import pytest
 import structlog
+from support import listen_unix
 
 from capsule_client.protocol import NoParams
 from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.server import Server, bind_unix_listener
+from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def test_an_exception_in_a_method_is_an_internal_error_and_the_connection_
 ) -> None:
     dispatcher = Dispatcher(METHODS)
     server = Server(dispatcher)
-    listener = await bind_unix_listener(short_dir / "t.sock")
+    listener = listen_unix(short_dir / "t.sock")
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, listener)
@@ -96,7 +97,7 @@ async def test_requests_while_shutting_down_are_refused() -> None:
 
 async def test_a_connection_over_the_cap_is_told_overloaded(short_dir: Path) -> None:
     server = Server(Dispatcher(METHODS), max_connections=1)
-    listener = await bind_unix_listener(short_dir / "c.sock")
+    listener = listen_unix(short_dir / "c.sock")
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, listener)
         async with await anyio.connect_unix(short_dir / "c.sock") as first:

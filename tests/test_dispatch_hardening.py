@@ -19,10 +19,11 @@ import msgspec
 import pytest
 import structlog
 from msgspec import Meta, Struct
+from support import listen_unix
 
 from capsule_client.protocol import NoParams
 from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.server import Server, bind_unix_listener, fit_to_descriptors
+from capsuled.server import Server, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
 
@@ -152,7 +153,7 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(short_dir
             return await super().handle_line(line)
 
     server = Server(Failing({"ping": Method(NoParams, _ping)}))
-    listener = await bind_unix_listener(short_dir / "f.sock")
+    listener = listen_unix(short_dir / "f.sock")
     lines = [b'"fail"', b'{"jsonrpc":"2.0","id":2,"method":"ping"}']
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
@@ -184,7 +185,7 @@ async def test_out_of_descriptors_the_waiting_client_is_answered_overloaded(
     """
     server = Server(Dispatcher({"ping": Method(NoParams, _ping)}))
     path = short_dir / "e.sock"
-    listener = await bind_unix_listener(path)
+    listener = listen_unix(path)
     hogs: list[int] = []
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:

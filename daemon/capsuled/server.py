@@ -21,9 +21,7 @@ import errno
 import os
 import select
 import socket
-import stat
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import anyio
@@ -44,8 +42,6 @@ __all__ = [
     "Connection",
     "Server",
     "UnixListener",
-    "bind_unix_listener",
-    "bind_unix_listener_socket",
     "current_connection",
     "fit_to_descriptors",
 ]
@@ -489,45 +485,6 @@ async def _hang_up_gently(
             pass
 
 
-def bind_unix_listener_socket(path: Path) -> socket.socket:
-    """Bind and listen on ``path`` with mode 0600, in a directory made 0700.
-
-    A stale socket (nobody listening) is replaced. The caller must hold the
-    lock beside the socket (SPEC §8), so that no live daemon loses its socket.
-
-    Raises:
-        FileExistsError: something that is not a socket is at ``path``; it is
-            never deleted.
-        OSError: the directory cannot be made or the bind fails.
-    """
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            kind = "directory" if stat.S_ISDIR(mode) else "file that is not a socket"
-            raise FileExistsError(
-                errno.EEXIST, f"{path} is a {kind}; refusing to replace it", str(path)
-            )
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old_umask = os.umask(0o177)
-        try:
-            sock.bind(os.fspath(path))
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
-        sock.listen(socket.SOMAXCONN)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 class UnixListener:
     """A listening Unix socket that hands out anyio streams.
 
@@ -543,11 +500,6 @@ class UnixListener:
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.socket = sock
-
-    @classmethod
-    def from_fd(cls, fd: int) -> UnixListener:
-        """Wrap an inherited listening descriptor (socket activation)."""
-        return cls(socket.socket(fileno=fd))
 
     async def accept(self) -> UNIXSocketStream:
         """The next connection; raises ``OSError`` as ``accept(2)`` does."""
@@ -568,8 +520,3 @@ class UnixListener:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-async def bind_unix_listener(path: Path) -> UnixListener:
-    """:func:`bind_unix_listener_socket` wrapped as a :class:`UnixListener`."""
-    return UnixListener(bind_unix_listener_socket(path))
