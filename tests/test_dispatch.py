@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method
+from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Method
 from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
@@ -110,3 +111,27 @@ async def test_a_connection_over_the_cap_is_told_overloaded(short_dir: Path) -> 
                     await second.receive()
         server.stop_accepting()
         server.close_idle()
+
+
+async def test_a_large_encoded_result_is_sent_from_its_own_buffer() -> None:
+    """A ``Raw`` result past SPLICE_MIN_BYTES is a part of the reply, not copied into it."""
+    encoded = msgspec.Raw(msgspec.json.encode({"items": ["x" * 100] * 2000}))
+    assert len(encoded) >= SPLICE_MIN_BYTES
+
+    async def big(params: NoParams) -> msgspec.Raw:
+        return encoded
+
+    dispatcher = Dispatcher({"big": Method(NoParams, big)})
+    parts = await dispatcher.answer_line(b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
+    assert parts is not None and len(parts) == 3
+    assert isinstance(parts[1], memoryview) and parts[1].obj is encoded
+    reply = json.loads(b"".join(parts))
+    assert reply == {"jsonrpc": "2.0", "id": 'a"b', "result": {"items": ["x" * 100] * 2000}}
+    joined = await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
+    assert joined == b"".join(parts)
+
+
+async def test_a_small_result_is_one_part() -> None:
+    dispatcher = Dispatcher(METHODS)
+    parts = await dispatcher.answer_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    assert parts == (b'{"jsonrpc":"2.0","id":1,"result":{"pong":true}}',)

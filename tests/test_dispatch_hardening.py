@@ -22,7 +22,7 @@ from msgspec import Meta, Struct
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method
+from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.server import Server, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
@@ -147,10 +147,10 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(short_dir
     """
 
     class Failing(Dispatcher):
-        async def handle_line(self, line: bytes) -> bytes | None:
+        async def answer_line(self, line: bytes) -> ReplyParts | None:
             if b"fail" in line:
                 raise ValueError("a bug in decoding")
-            return await super().handle_line(line)
+            return await super().answer_line(line)
 
     server = Server(Failing({"ping": Method(NoParams, _ping)}))
     listener = listen_unix(short_dir / "f.sock")

@@ -36,7 +36,7 @@ from capsule_client.protocol import (
     ErrorCode,
 )
 
-from .jsonrpc import Dispatcher, encode_error
+from .jsonrpc import Dispatcher, ReplyParts, encode_error
 
 __all__ = [
     "Connection",
@@ -151,41 +151,94 @@ class Connection:
         except OSError:
             self.scope.cancel()
 
-    async def send_line(self, data: bytes) -> bool:
-        """Send one message and its newline; ``False`` if the peer is gone or stuck.
+    async def send_line(self, *parts: bytes | memoryview) -> bool:
+        """Send one message (in ``parts``) and its newline; ``False`` if the peer is gone or stuck.
 
         Replies and notifications take the same lock, so lines never interleave.
         When nobody holds the lock, the line is first offered to the socket
         directly: a reply that fits in the socket buffer (nearly all of them)
-        costs one ``send(2)`` and no lock, timer or task switch. What does not
-        fit is sent by anyio under the lock and the write timeout.
+        costs one ``sendmsg(2)`` and no lock, timer or task switch. The rest
+        is sent under the lock and the write timeout. The parts are gathered
+        by the kernel, never joined here: a snapshot reply of megabytes is
+        sent from discovery's own encoded buffer, not from a copy.
         """
-        data += b"\n"
-        if not self._send_lock.locked() and self._raw_socket is not None:
-            # No await between the check and the send: nothing can interleave.
+        raw = self._raw_socket
+        if raw is None:
+            return await self._send_with_stream(b"".join((*parts, b"\n")))
+        pending = [memoryview(part) for part in parts]
+        pending.append(_NEWLINE)
+        if self._send_lock.locked():
+            await self._send_lock.acquire()
+        else:
             try:
-                sent = self._raw_socket.send(data)
+                pending = _advance(pending, raw.sendmsg(pending))
             except (BlockingIOError, InterruptedError):
-                sent = 0
+                pass
             except OSError:
                 return False
-            if sent == len(data):
+            if not pending:
                 return True
-            data = data[sent:]
+            # Taken before any await: nothing can write between the two halves.
+            self._send_lock.acquire_nowait()
+        try:
+            return await self._send_rest(raw, pending)
+        finally:
+            self._send_lock.release()
+
+    async def _send_rest(self, raw: socket.socket, pending: list[memoryview]) -> bool:
+        """Send ``pending`` as the socket drains, within the write timeout (lock held)."""
+        with anyio.move_on_after(self._write_timeout_s) as timeout:
+            try:
+                while pending:
+                    try:
+                        pending = _advance(pending, raw.sendmsg(pending))
+                    except (BlockingIOError, InterruptedError):
+                        await anyio.wait_writable(raw)
+            except (anyio.ClosedResourceError, OSError):
+                return False
+            return True
+        if timeout.cancelled_caught:
+            log.warning(
+                "dropping a connection that does not read its replies",
+                connection=self.number,
+                write_timeout_s=self._write_timeout_s,
+            )
+        return False
+
+    async def _send_with_stream(self, data: bytes) -> bool:
+        """:meth:`send_line` for a stream without a socket (tests' in-memory streams)."""
         async with self._send_lock:
-            with anyio.move_on_after(self._write_timeout_s) as timeout:
+            with anyio.move_on_after(self._write_timeout_s):
                 try:
                     await self.stream.send(data)
                     return True
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     return False
-            if timeout.cancelled_caught:
-                log.warning(
-                    "dropping a connection that does not read its replies",
-                    connection=self.number,
-                    write_timeout_s=self._write_timeout_s,
-                )
             return False
+
+    @property
+    def writing(self) -> bool:
+        """Whether a line is being written (others wait for it)."""
+        return self._send_lock.locked()
+
+    def notify_closing(self) -> None:
+        """Wake a sender waiting for the socket to drain: it is about to be closed."""
+        if self._raw_socket is not None and self._raw_socket.fileno() >= 0:
+            anyio.notify_closing(self._raw_socket)
+
+
+_NEWLINE = memoryview(b"\n")
+
+
+def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
+    """``parts`` less their first ``sent`` bytes."""
+    for index, part in enumerate(parts):
+        if sent < len(part):
+            rest = parts[index:]
+            rest[0] = part[sent:]
+            return rest
+        sent -= len(part)
+    return []
 
 
 class Server:
@@ -326,7 +379,10 @@ class Server:
         try:
             with connection.scope:
                 async with stream:
-                    await self._converse(connection)
+                    try:
+                        await self._converse(connection)
+                    finally:
+                        connection.notify_closing()
         except Exception:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
@@ -385,7 +441,7 @@ class Server:
             connection.busy = True
             try:
                 reply = await self._answer(connection, line)
-                if reply is not None and not await connection.send_line(reply):
+                if reply is not None and not await connection.send_line(*reply):
                     return
                 connection.replied()
             finally:
@@ -393,7 +449,7 @@ class Server:
             if final:
                 return
 
-    async def _answer(self, connection: Connection, line: bytes) -> bytes | None:
+    async def _answer(self, connection: Connection, line: bytes) -> ReplyParts | None:
         """The dispatcher's reply to ``line``; -32603 if the dispatcher itself fails.
 
         The dispatcher answers every input it understands, but a failure it
@@ -402,7 +458,7 @@ class Server:
         and the daemon live on").
         """
         try:
-            return await self.dispatcher.handle_line(line)
+            return await self.dispatcher.answer_line(line)
         except Exception as exc:
             log.error(
                 "request could not be answered",
@@ -410,7 +466,7 @@ class Server:
                 line_bytes=len(line),
                 exc_info=True,
             )
-            return encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+            return (encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}"),)
 
 
 #: Descriptors kept free for everything that is not a connection: the store,
