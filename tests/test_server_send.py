@@ -65,9 +65,9 @@ async def test_a_sender_waiting_to_drain_is_woken_when_the_connection_closes() -
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send)
-                # The send is parked once the socket buffer is full and the lock is held.
-                while not connection.writing:
-                    await anyio.sleep(0.01)
+                # Every other task blocked: the send is parked on the full socket buffer.
+                await anyio.wait_all_tasks_blocked()
+                assert connection.writing
                 connection.notify_closing()
                 await stream.aclose()
     assert outcome == [False]
