@@ -214,24 +214,10 @@ class _Kind(msgspec.Struct):
 _decode_kind: Final = msgspec.json.Decoder(_Kind).decode
 
 
-def _record(
-    scan: TraceScan, line: bytes, this_session: str | None, decode: Callable[[bytes], Any]
-) -> bool:
-    """Apply one decoded line to ``scan``; ``False`` if it is not a JSON object."""
+def _record(scan: TraceScan, line: bytes, this_session: str | None) -> bool:
+    """Decode one line whole and apply it to ``scan``; ``False`` if it is not a JSON object."""
     try:
-        # Most lines are not relevant records (model output, tool calls):
-        # find out from the event type alone, which msgspec reads while
-        # skipping the rest of the line at a fraction of a full decode's cost.
-        # Duplicate keys resolve as in a dict (the last wins), so a line is
-        # passed over only when decoding it whole would pass it over too.
-        kind = _decode_kind(line).event_type
-    except (msgspec.DecodeError, RecursionError):
-        pass  # not an object, not JSON, or too deep: the full decode below decides
-    else:
-        if type(kind) is not str or kind not in _HANDLERS:
-            return True
-    try:
-        record = decode(line)
+        record = _decode(line)
     except (msgspec.DecodeError, RecursionError):
         # RecursionError: nested deeper than the decoder recurses; the line is
         # skipped like any other that cannot be read.
@@ -253,6 +239,14 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
     recursion limit (about 1,000 levels), which cannot be read.  Members of
     the wrong type count as absent.
 
+    Most lines are not relevant records (model output, tool calls): the event
+    type alone tells, and msgspec reads it while skipping the rest of the line
+    at a fraction of a full decode's cost. Duplicate keys resolve as in a dict
+    (the last wins), so a line is passed over only when decoding it whole
+    would pass it over too; a line the event-type decode cannot read is
+    decoded whole, which decides. This loop runs once per line of a 100 MB
+    trace, so it is written flat.
+
     Args:
         lines: the trace's lines, each with or without its ``\\n``.
         this_session: also collect the latest ``shell_lost`` markers this
@@ -262,12 +256,19 @@ def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> Tr
         The scan's findings.
     """
     scan = TraceScan()
-    decode = _decode
+    decode_kind, handlers, record = _decode_kind, _HANDLERS, _record
     count = skipped = size = 0
     for line in lines:
         count += 1
         size += len(line)
-        if not _record(scan, line, this_session, decode):
+        try:
+            kind = decode_kind(line).event_type
+        except (msgspec.DecodeError, RecursionError):
+            pass  # not an object, not JSON, or too deep: the whole decode decides
+        else:
+            if kind.__class__ is not str or kind not in handlers:
+                continue
+        if not record(scan, line, this_session):
             skipped += 1
     scan.lines, scan.skipped_lines, scan.bytes = count, skipped, size
     return scan
