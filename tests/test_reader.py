@@ -93,6 +93,21 @@ def test_receipts_and_store_project_into_sessions(world: World) -> None:
     assert snapshot.gaps == []
 
 
+def test_receipts_naming_one_process_share_its_numbers(world: World) -> None:
+    """Memory: thousands of receipts may name a few processes; their pid and start
+    time are kept once, not once per receipt (docs/benchmarks.md, scenario 7)."""
+    shared = world.pool.start()
+    for n in range(3):
+        world.exec_receipt(f"exe_{n}", shared.pid)
+        world.client_receipt("inp_a", shared.pid, client=f"c{n}")
+
+    processes = world.ready().unowned
+
+    assert len(processes) == 6
+    first = processes[0]
+    assert all(p.pid is first.pid and p.started_at is first.started_at for p in processes)
+
+
 def test_a_reused_pid_is_not_live(world: World) -> None:
     process = world.pool.start()
     start = process_start_time(process.pid)

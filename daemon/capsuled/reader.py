@@ -285,39 +285,71 @@ class _Candidate(msgspec.Struct, gc=False):
         return matches_start(sample, self.pid, self.start_s, tolerance_s)
 
 
+class _Numbers:
+    """One object per distinct pid and start time among the candidates.
+
+    Thousands of receipts may name the same few processes; each decoded
+    receipt brings its own ``int`` and ``float`` objects (32 and 24 bytes),
+    which the candidate and its process entry would keep. Sharing them saves
+    about 80 bytes per retained receipt. Emptied at each walk from scratch,
+    so numbers of receipts long gone are not kept.
+    """
+
+    __slots__ = ("_floats", "_ints")
+
+    def __init__(self) -> None:
+        self._ints: dict[int, int] = {}
+        self._floats: dict[float, float] = {}
+
+    def int(self, value: int) -> int:
+        return self._ints.setdefault(value, value)
+
+    def float(self, value: float) -> float:
+        return self._floats.setdefault(value, value)
+
+    def clear(self) -> None:
+        self._ints.clear()
+        self._floats.clear()
+
+
 def _candidate(
-    relative: str, kind: _Kind, receipt: Receipt, signature: _Signature | None, input_dir: str
+    relative: str,
+    kind: _Kind,
+    receipt: Receipt,
+    signature: _Signature | None,
+    input_dir: str,
+    numbers: _Numbers,
 ) -> _Candidate:
     """``relative`` (the path under the home) becomes the process's ``receipt``."""
+    pid = numbers.int(receipt.pid)
     if isinstance(receipt, ExecReceipt):
+        started_at = numbers.int(receipt.started_at)
         process = SessionProcess(
             kind="exec",
-            pid=receipt.pid,
-            started_at=receipt.started_at,
+            pid=pid,
+            started_at=started_at,
             exec_id=receipt.exec_id,
             command=msgspec.UNSET if receipt.command is None else sys.intern(receipt.command),
             receipt=_wire_text(relative),
         )
-        return _Candidate(
-            kind, receipt.pid, receipt.started_at, signature, process, receipt.exec_id, None
-        )
-    start_s = receipt.started_at_s
+        return _Candidate(kind, pid, started_at, signature, process, receipt.exec_id, None)
+    start_s = numbers.float(receipt.started_at_s)
     input_id = sys.intern(relative.split(os.sep)[2])  # shared by the input's clients
     if not is_valid_input_id(input_id):
         gap = (
             f"{input_dir}: {input_id!r} is not an input id"
             " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
         )
-        return _Candidate(kind, receipt.pid, start_s, signature, None, input_id, gap)
+        return _Candidate(kind, pid, start_s, signature, None, input_id, gap)
     process = SessionProcess(
         kind="provider_client",
-        pid=receipt.pid,
-        started_at=round(start_s),
+        pid=pid,
+        started_at=numbers.int(round(start_s)),
         input_id=input_id,
         provider=msgspec.UNSET if receipt.provider is None else sys.intern(receipt.provider),
         receipt=_wire_text(relative),
     )
-    return _Candidate(kind, receipt.pid, start_s, signature, process, input_id, None)
+    return _Candidate(kind, pid, start_s, signature, process, input_id, None)
 
 
 @dataclass(slots=True)
@@ -506,6 +538,7 @@ class ActiveSessionReader:
         # Candidates are keyed by their path relative to the home: the same
         # string object is the process's ``receipt`` (one copy per receipt).
         self._candidates: dict[str, _Candidate] = {}
+        self._numbers = _Numbers()
         self._by_pid: dict[int, dict[str, None]] = {}  # pid → candidate keys
         self._errors: dict[str, _Error] = {}
         self._error_bytes = 0
@@ -654,6 +687,7 @@ class ActiveSessionReader:
         version = self.ownership.version()
         self._resample()
         if self._rescan:
+            self._numbers.clear()
             self._walk_from_scratch()
             self._resample()
         else:
@@ -1157,7 +1191,8 @@ class ActiveSessionReader:
         self._clear_error(path)
         key = self._key(path)
         input_dir = os.path.dirname(os.path.dirname(path))
-        candidate = _candidate(key, kind, receipt, self._signature(st, read_ns), input_dir)
+        signature = self._signature(st, read_ns)
+        candidate = _candidate(key, kind, receipt, signature, input_dir, self._numbers)
         if candidate.live(self._sample):
             self._put(key, candidate)
         else:
