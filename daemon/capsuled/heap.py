@@ -7,14 +7,17 @@ than what it keeps (measured at 100,000 retained receipts):
   receipts, ``stat`` results, directory listings), in the worker thread's
   own arena, and glibc keeps freed pages mapped: :func:`trim` after a walk
   hands them back (``malloc_trim(0)`` covers every arena);
-* a snapshot reply is megabytes, copied a few times on its way to the
-  socket. After the first such buffer is freed, glibc raises its mmap
-  threshold to that size (up to 32 MiB), so later replies come from the heap
-  and their pages stay mapped after they are freed: :func:`keep_large_buffers_mapped_apart`
-  pins the threshold at 128 KiB, so each large buffer is unmapped when freed.
+* an encoded snapshot is megabytes (one per observation that changed the
+  answer; replies are sent from it, not copied). After the first such buffer
+  is freed, glibc raises its mmap threshold to that size (up to 32 MiB), so
+  later ones come from the heap and their pages stay mapped after they are
+  freed: :func:`keep_large_buffers_mapped_apart` pins the threshold at
+  128 KiB, so each large buffer is unmapped when freed.
 
 Together they took the daemon's RSS per retained receipt from 1.58 KiB to
-1.14 KiB (empty-home RSS subtracted, 100,000 receipts, every one listed).
+1.14 KiB (empty-home RSS subtracted, 100,000 receipts, every one listed);
+sending replies from the encoded snapshot and sharing the numbers of
+receipts that name one process took it to 0.9 KiB (docs/benchmarks.md).
 Elsewhere (macOS, musl) both do nothing.
 """
 
