@@ -5,7 +5,11 @@ the home and everything asynchronous around it:
 
 * **single flight**: observations run one at a time, in a worker thread, in
   Discovery's own task group; a request that arrives while one runs waits for
-  it and shares its result, and a request that gives up does not cancel it;
+  it and shares its result, and a request that gives up does not cancel it.
+  A request shares a running observation only if that observation began no
+  longer than its ``max_age_ms`` before it arrived: otherwise (always with
+  ``max_age_ms: 0``) it waits for the next one, which every request waiting
+  so shares, so its answer reads everything written before it was sent;
 * **the sampler**: one settled observation every ``sample_interval_s``, so
   cached answers stay fresh (the periodic full rescan, the net under silent
   kernel queue overflows, is owed by the watcher: ``capsuled.watcher``); and
@@ -43,6 +47,7 @@ write, not an encoding.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -162,12 +167,41 @@ _RETRY_PAUSE_S: Final = 0.005
 
 
 class _Flight:
-    """One running observation and whoever waits for it."""
+    """One running observation and whoever waits for it.
+
+    Attributes:
+        number: observations begun before it, plus one; 0 until it begins.
+        started_at: when it began (monotonic seconds): on the event loop, just
+            before its worker thread takes the changes and the process sample,
+            so it reads everything written before a request that arrived
+            earlier.
+    """
 
     def __init__(self) -> None:
+        self.number = 0
+        self.started_at = math.inf
         self.done = anyio.Event()
         self.snapshot: ActiveSessionsSnapshot | None = None
         self.error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """Which running observation a request may share (SPEC §7 ``max_age_ms``).
+
+    One that began after the request arrived always serves; one that began
+    earlier serves only if its start is younger than ``max_age_s`` at the
+    request's arrival. So ``max_age_ms: 0`` never shares an observation that
+    was already running: it waits for the next one (and shares that one with
+    every other request that waits for it).
+    """
+
+    begun: int  # observations begun before the request arrived (a flight not begun serves)
+    arrived_at: float  # monotonic
+    max_age_s: float
+
+    def accepts(self, flight: _Flight) -> bool:
+        return flight.number > self.begun or self.arrived_at - flight.started_at < self.max_age_s
 
 
 class Discovery:
@@ -211,6 +245,7 @@ class Discovery:
         self._encoded: _Encoded | None = None
         self._latest_at = 0.0  # monotonic
         self._flight: _Flight | None = None
+        self._flights = 0  # observations begun so far
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
@@ -345,20 +380,28 @@ class Discovery:
                 with anyio.move_on_after(self.sample_interval_s):
                     await wake.wait()
 
-    async def observe(self) -> ActiveSessionsSnapshot:
+    async def observe(self, wanted: _Wanted | None = None) -> ActiveSessionsSnapshot:
         """One observation, shared with every caller that asks while it runs.
+
+        Args:
+            wanted: which running observation the caller may share; a running
+                one it does not accept is waited out, and the next one shared
+                (single flight still: SPEC §5). None: any.
 
         Raises:
             ShuttingDown: the daemon is stopping (or :meth:`serve` is not running).
             InternalError: the observation failed on a defect (logged with its traceback).
         """
-        flight = self._flight
-        if flight is None:
-            if self._tg is None or self._cancel.is_set():
-                raise ShuttingDown("shutting down: sessions are no longer observed")
-            flight = self._flight = _Flight()
-            self._tg.start_soon(self._fly, flight)
-        await flight.done.wait()
+        while True:
+            flight = self._flight
+            if flight is None:
+                if self._tg is None or self._cancel.is_set():
+                    raise ShuttingDown("shutting down: sessions are no longer observed")
+                flight = self._flight = _Flight()
+                self._tg.start_soon(self._fly, flight)
+            await flight.done.wait()
+            if wanted is None or wanted.accepts(flight):
+                break
         if flight.snapshot is not None:
             return flight.snapshot
         if flight.error is None or isinstance(flight.error, ObservationCancelled):
@@ -367,6 +410,8 @@ class Discovery:
 
     async def _fly(self, flight: _Flight) -> None:
         try:
+            self._flights += 1
+            flight.number, flight.started_at = self._flights, time.monotonic()
             reader = self._reader
             reader.trust_watcher = self.watcher_mode != "off"
             if not reader.trust_watcher:
@@ -434,11 +479,13 @@ class Discovery:
             for listener in self._listeners:
                 listener(snapshot)
 
-    async def _settle(self, deadline: float) -> ActiveSessionsSnapshot:
+    async def _settle(
+        self, deadline: float, wanted: _Wanted | None = None
+    ) -> ActiveSessionsSnapshot:
         """Observe until the answer is not ``scanning`` (nor a home just replaced),
         or ``deadline`` (monotonic) passes; return the last answer."""
         while True:
-            snapshot = await self.observe()
+            snapshot = await self.observe(wanted)
             retry = snapshot.discovery == "scanning" or snapshot.gaps == [GAP_HOME_REPLACED]
             if not retry or time.monotonic() >= deadline:
                 return snapshot
@@ -478,11 +525,13 @@ class Discovery:
         """Answer ``sessions.snapshot`` (SPEC §7).
 
         From the latest observation if it is younger than ``max_age_ms``
-        (default: the sample interval) and nothing is pending; otherwise a new
-        observation (shared), retried while ``scanning`` until ``ready`` or
-        ``timeout_ms``. With ``since``: at once if the generation differs,
-        else wait for a new one up to ``timeout_ms``. An ``unavailable``
-        answer is returned as it is, its gaps saying why.
+        (default: the sample interval) and nothing is pending; otherwise an
+        observation that began no longer than ``max_age_ms`` before the
+        request arrived (shared; ``max_age_ms: 0``: one that began after it),
+        retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
+        ``since``: at once if the generation differs, else wait for a new one
+        up to ``timeout_ms``. An ``unavailable`` answer is returned as it is,
+        its gaps saying why.
         """
         answer = await self._answer(params)
         if params.usage:
@@ -491,11 +540,15 @@ class Discovery:
 
     async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """The observation that answers ``params``, as published (its ``task`` not set)."""
-        deadline = time.monotonic() + params.timeout_ms / 1000
+        arrived_at = time.monotonic()
+        deadline = arrived_at + params.timeout_ms / 1000
         max_age_s = (
             self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
         )
-        answer = self._fresh(max_age_s) or await self._settle(deadline)
+        answer = self._fresh(max_age_s)
+        if answer is None:
+            wanted = _Wanted(self._flights, arrived_at, max_age_s)
+            answer = await self._settle(deadline, wanted)
         if params.since is not None:
             answer = await self._wait_for_change(params.since, answer, deadline)
         return answer
