@@ -11,11 +11,19 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import pytest
-from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
+from sessions_support import (
+    OwnershipMovingAlways,
+    OwnershipMovingOnce,
+    Sleepers,
+    World,
+    make_home,
+    pids,
+    sleepers,
+)
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery import NO_WATCHER_NOTE, Discovery
-from capsuled.errors import ShuttingDown
+from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
 
 pytestmark = pytest.mark.anyio
@@ -120,11 +128,17 @@ async def test_scanning_past_the_deadline_is_answered_as_is(
     process = world.pool.start()
     world.exec_receipt("exe_1", process.pid)
     discovery._reader = ActiveSessionReader(
-        world.home, discovery.changes, ownership=OwnershipMovingOnce(world)
+        world.home, discovery.changes, ownership=OwnershipMovingAlways(world)
     )
-    answer = await snapshot(discovery, max_age_ms=0, timeout_ms=0)
+    answer = await snapshot(discovery, max_age_ms=0, timeout_ms=300)
     assert answer.discovery == "scanning"
     assert answer.sessions == []
+    assert discovery.totals.observations >= 2  # retried until the deadline
+
+
+async def test_max_age_zero_with_no_time_to_observe_is_unavailable(discovery: Discovery) -> None:
+    with pytest.raises(DiscoveryUnavailable, match=r"did not finish within timeout_ms \(0 ms\)"):
+        await snapshot(discovery, max_age_ms=0, timeout_ms=0)
 
 
 async def test_a_replaced_home_gets_a_fresh_reader(

@@ -23,7 +23,10 @@ the home and everything asynchronous around it:
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline; with
-  ``since`` it long-polls for a new generation;
+  ``since`` it long-polls for a new generation. The deadline also bounds the
+  wait for an observation: a stuck one goes on for whoever shares it, and
+  the request gets the latest answer (or -32001 when it set ``max_age_ms``
+  and the latest is older);
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
@@ -74,7 +77,7 @@ from capsule_client.protocol import (
 
 from . import heap
 from .changes import ChangeFeed
-from .errors import InternalError, ShuttingDown
+from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .processes import UsageMeter
 from .reader import (
@@ -202,6 +205,10 @@ class _Wanted:
 
     def accepts(self, flight: _Flight) -> bool:
         return flight.number > self.begun or self.arrived_at - flight.started_at < self.max_age_s
+
+
+class _NotInTime(Exception):
+    """The request's deadline passed while it waited for an observation."""
 
 
 class Discovery:
@@ -380,17 +387,22 @@ class Discovery:
                 with anyio.move_on_after(self.sample_interval_s):
                     await wake.wait()
 
-    async def observe(self, wanted: _Wanted | None = None) -> ActiveSessionsSnapshot:
+    async def observe(
+        self, wanted: _Wanted | None = None, *, deadline: float = math.inf
+    ) -> ActiveSessionsSnapshot:
         """One observation, shared with every caller that asks while it runs.
 
         Args:
             wanted: which running observation the caller may share; a running
                 one it does not accept is waited out, and the next one shared
                 (single flight still: SPEC §5). None: any.
+            deadline: monotonic time after which the caller stops waiting (the
+                observation goes on for whoever else shares it).
 
         Raises:
             ShuttingDown: the daemon is stopping (or :meth:`serve` is not running).
             InternalError: the observation failed on a defect (logged with its traceback).
+            _NotInTime: ``deadline`` passed first.
         """
         while True:
             flight = self._flight
@@ -399,7 +411,10 @@ class Discovery:
                     raise ShuttingDown("shutting down: sessions are no longer observed")
                 flight = self._flight = _Flight()
                 self._tg.start_soon(self._fly, flight)
-            await flight.done.wait()
+            with anyio.move_on_after(deadline - time.monotonic()):
+                await flight.done.wait()
+            if not flight.done.is_set():
+                raise _NotInTime
             if wanted is None or wanted.accepts(flight):
                 break
         if flight.snapshot is not None:
@@ -480,15 +495,24 @@ class Discovery:
                 listener(snapshot)
 
     async def _settle(
-        self, deadline: float, wanted: _Wanted | None = None
-    ) -> ActiveSessionsSnapshot:
+        self, deadline: float, wanted: _Wanted | None = None, *, wait: bool = False
+    ) -> ActiveSessionsSnapshot | None:
         """Observe until the answer is not ``scanning`` (nor a home just replaced),
-        or ``deadline`` (monotonic) passes; return the last answer."""
+        or ``deadline`` (monotonic) passes; return the last answer.
+
+        With ``wait`` false (the sampler), an observation is always waited for
+        to its end; with ``wait`` true (a request), waiting ends at
+        ``deadline`` too, and None is returned if no observation ended by then.
+        """
+        answer: ActiveSessionsSnapshot | None = None
         while True:
-            snapshot = await self.observe(wanted)
-            retry = snapshot.discovery == "scanning" or snapshot.gaps == [GAP_HOME_REPLACED]
+            try:
+                answer = await self.observe(wanted, deadline=deadline if wait else math.inf)
+            except _NotInTime:
+                return answer
+            retry = answer.discovery == "scanning" or answer.gaps == [GAP_HOME_REPLACED]
             if not retry or time.monotonic() >= deadline:
-                return snapshot
+                return answer
             await anyio.sleep(_RETRY_PAUSE_S)
 
     # ----------------------------------------------------------------------
@@ -539,7 +563,13 @@ class Discovery:
         return msgspec.structs.replace(answer, task=params.task)
 
     async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """The observation that answers ``params``, as published (its ``task`` not set)."""
+        """The observation that answers ``params``, as published (its ``task`` not set).
+
+        Raises:
+            DiscoveryUnavailable: ``timeout_ms`` passed before an observation
+                the request may use ended (see :meth:`_late`).
+            ShuttingDown: the daemon stopped observing.
+        """
         arrived_at = time.monotonic()
         deadline = arrived_at + params.timeout_ms / 1000
         max_age_s = (
@@ -548,10 +578,35 @@ class Discovery:
         answer = self._fresh(max_age_s)
         if answer is None:
             wanted = _Wanted(self._flights, arrived_at, max_age_s)
-            answer = await self._settle(deadline, wanted)
+            answer = await self._settle(deadline, wanted, wait=True) or self._late(params)
         if params.since is not None:
             answer = await self._wait_for_change(params.since, answer, deadline)
         return answer
+
+    def _late(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """The answer when ``timeout_ms`` passed while the request waited for an observation.
+
+        The observation goes on (others share it); the request gets, by its
+        deadline, the latest observation's answer (its ``observed_at`` tells
+        its age) -- as a request whose observations stayed ``scanning`` gets
+        the last of them. A request that set ``max_age_ms`` gets it only if it
+        is younger than that (so never with ``max_age_ms: 0``); otherwise, or
+        before the first observation, -32001.
+
+        Raises:
+            DiscoveryUnavailable: no answer fits (the message says the
+                observation did not finish within ``timeout_ms``).
+        """
+        latest = self._latest
+        if latest is not None and (
+            params.max_age_ms is None
+            or time.monotonic() - self._latest_at < params.max_age_ms / 1000
+        ):
+            return latest
+        raise DiscoveryUnavailable(
+            "discovery unavailable: the observation did not finish within timeout_ms "
+            f"({params.timeout_ms} ms); it goes on, ask again"
+        )
 
     async def _with_usage(self, answer: ActiveSessionsSnapshot) -> ActiveSessionsSnapshot:
         """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``."""
