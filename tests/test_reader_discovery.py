@@ -189,6 +189,30 @@ async def test_since_times_out_with_the_same_generation(discovery: Discovery) ->
     assert answer.generation == current.generation
 
 
+async def test_ending_long_polls_answers_them_shutting_down(discovery: Discovery) -> None:
+    current = await snapshot(discovery)
+    ended: list[BaseException] = []
+
+    async def poll() -> None:
+        try:
+            await snapshot(discovery, since=current.generation, timeout_ms=60_000)
+        except ShuttingDown as exc:
+            ended.append(exc)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        await anyio.wait_all_tasks_blocked()  # the poll waits for a change
+        discovery.end_long_polls()
+    assert time.monotonic() - started < 2
+    assert [str(exc) for exc in ended] == ["shutting down: the long poll ends without a change"]
+    with pytest.raises(ShuttingDown):  # and so does one that starts later
+        await snapshot(discovery, since=current.generation, timeout_ms=60_000)
+    # A poll whose generation is already gone is answered as before.
+    answer = await snapshot(discovery, since=current.generation + 1)
+    assert answer.generation == current.generation
+
+
 async def test_a_stopped_discovery_refuses_to_observe(discovery: Discovery) -> None:
     discovery.stop()
     with pytest.raises(ShuttingDown):

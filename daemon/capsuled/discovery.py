@@ -23,10 +23,11 @@ the home and everything asynchronous around it:
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline; with
-  ``since`` it long-polls for a new generation. The deadline also bounds the
-  wait for an observation: a stuck one goes on for whoever shares it, and
-  the request gets the latest answer (or -32001 when it set ``max_age_ms``
-  and the latest is older);
+  ``since`` it long-polls for a new generation (ended -32005 by
+  :meth:`Discovery.end_long_polls` when the daemon shuts down). The
+  deadline also bounds the wait for an observation: a stuck one goes on for
+  whoever shares it, and the request gets the latest answer (or -32001 when
+  it set ``max_age_ms`` and the latest is older);
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
@@ -253,6 +254,7 @@ class Discovery:
         self._latest_at = 0.0  # monotonic
         self._flight: _Flight | None = None
         self._flights = 0  # observations begun so far
+        self._closing = False  # set by end_long_polls()
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
@@ -568,7 +570,7 @@ class Discovery:
         Raises:
             DiscoveryUnavailable: ``timeout_ms`` passed before an observation
                 the request may use ended (see :meth:`_late`).
-            ShuttingDown: the daemon stopped observing.
+            ShuttingDown: the daemon is stopping; a long poll ends with it.
         """
         arrived_at = time.monotonic()
         deadline = arrived_at + params.timeout_ms / 1000
@@ -631,12 +633,31 @@ class Discovery:
     async def _wait_for_change(
         self, since: int, answer: ActiveSessionsSnapshot, deadline: float
     ) -> ActiveSessionsSnapshot:
+        """Wait up to ``deadline`` for a settled answer whose generation is not ``since``.
+
+        Raises:
+            ShuttingDown: :meth:`end_long_polls` was called first.
+        """
         with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
             while answer.generation == since or answer.discovery == "scanning":
+                if self._closing:
+                    raise ShuttingDown("shutting down: the long poll ends without a change")
                 await self._published.wait()
                 assert self._latest is not None
                 answer = self._latest
         return answer
+
+    def end_long_polls(self) -> None:
+        """End every ``since`` long poll that waits for a change, and any that starts later.
+
+        They are answered -32005 at once instead of holding the shutdown's
+        drain until their ``timeout_ms`` (SPEC §8 finishes requests in
+        flight; a long poll has nothing more to wait for). A change that
+        arrived before still answers its poll.
+        """
+        self._closing = True
+        published, self._published = self._published, anyio.Event()
+        published.set()
 
 
 def _processes(answer: ActiveSessionsSnapshot) -> list[SessionProcess]:
