@@ -186,3 +186,24 @@ class OwnershipMovingOnce(OwnershipReader):
         if self.calls == 1:
             self.world.own("ses_late", execs=["exe_1"])
         return answer
+
+
+class OwnershipMovingAlways(OwnershipReader):
+    """The real store reader; after each answer a runtime registers one more session.
+
+    Every observation's stability check then finds the store moved: the
+    answer stays ``scanning`` however often it is retried.
+    """
+
+    def __init__(self, world: World) -> None:
+        super().__init__(world.store_path)
+        self.world = world
+        self.calls = 0
+
+    def session_process_ownership(
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+    ) -> Ownership:
+        answer = super().session_process_ownership(inputs, execs, pids)
+        self.calls += 1
+        self.world.own(f"ses_late{self.calls}")
+        return answer

@@ -11,11 +11,19 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import pytest
-from sessions_support import OwnershipMovingOnce, Sleepers, World, make_home, pids, sleepers
+from sessions_support import (
+    OwnershipMovingAlways,
+    OwnershipMovingOnce,
+    Sleepers,
+    World,
+    make_home,
+    pids,
+    sleepers,
+)
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery import NO_WATCHER_NOTE, Discovery
-from capsuled.errors import ShuttingDown
+from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
 
 pytestmark = pytest.mark.anyio
@@ -120,11 +128,17 @@ async def test_scanning_past_the_deadline_is_answered_as_is(
     process = world.pool.start()
     world.exec_receipt("exe_1", process.pid)
     discovery._reader = ActiveSessionReader(
-        world.home, discovery.changes, ownership=OwnershipMovingOnce(world)
+        world.home, discovery.changes, ownership=OwnershipMovingAlways(world)
     )
-    answer = await snapshot(discovery, max_age_ms=0, timeout_ms=0)
+    answer = await snapshot(discovery, max_age_ms=0, timeout_ms=300)
     assert answer.discovery == "scanning"
     assert answer.sessions == []
+    assert discovery.totals.observations >= 2  # retried until the deadline
+
+
+async def test_max_age_zero_with_no_time_to_observe_is_unavailable(discovery: Discovery) -> None:
+    with pytest.raises(DiscoveryUnavailable, match=r"did not finish within timeout_ms \(0 ms\)"):
+        await snapshot(discovery, max_age_ms=0, timeout_ms=0)
 
 
 async def test_a_replaced_home_gets_a_fresh_reader(
@@ -172,6 +186,30 @@ async def test_since_times_out_with_the_same_generation(discovery: Discovery) ->
     started = time.monotonic()
     answer = await snapshot(discovery, since=current.generation, timeout_ms=200)
     assert 0.19 <= time.monotonic() - started < 2
+    assert answer.generation == current.generation
+
+
+async def test_ending_long_polls_answers_them_shutting_down(discovery: Discovery) -> None:
+    current = await snapshot(discovery)
+    ended: list[BaseException] = []
+
+    async def poll() -> None:
+        try:
+            await snapshot(discovery, since=current.generation, timeout_ms=60_000)
+        except ShuttingDown as exc:
+            ended.append(exc)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        await anyio.wait_all_tasks_blocked()  # the poll waits for a change
+        discovery.end_long_polls()
+    assert time.monotonic() - started < 2
+    assert [str(exc) for exc in ended] == ["shutting down: the long poll ends without a change"]
+    with pytest.raises(ShuttingDown):  # and so does one that starts later
+        await snapshot(discovery, since=current.generation, timeout_ms=60_000)
+    # A poll whose generation is already gone is answered as before.
+    answer = await snapshot(discovery, since=current.generation + 1)
     assert answer.generation == current.generation
 
 

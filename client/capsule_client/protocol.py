@@ -173,10 +173,15 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
 
     Attributes:
         task: echoed back in the snapshot, for the caller's bookkeeping.
-        timeout_ms: how long the daemon may retry a ``scanning`` observation
-            (or wait for a change with ``since``) before answering.
+        timeout_ms: how long the daemon may take to answer: wait for an
+            observation, retry a ``scanning`` one, or wait for a change with
+            ``since``. An observation still running then goes on; the answer
+            is the latest observation's (-32001 if ``max_age_ms`` was given
+            and the latest is older than that).
         max_age_ms: answer from the latest observation if it is younger than
-            this; ``0`` forces a new observation.  Default: the sample interval.
+            this, else from one that began at most this long before the
+            request arrived; ``0`` forces a new observation.  Default: the
+            sample interval.
         since: a generation the caller already has; answer at once if the
             current one differs, else wait up to ``timeout_ms`` (long poll).
         usage: add each listed process's ``cpu_percent`` and ``rss_bytes``,

@@ -5,7 +5,11 @@ the home and everything asynchronous around it:
 
 * **single flight**: observations run one at a time, in a worker thread, in
   Discovery's own task group; a request that arrives while one runs waits for
-  it and shares its result, and a request that gives up does not cancel it;
+  it and shares its result, and a request that gives up does not cancel it.
+  A request shares a running observation only if that observation began no
+  longer than its ``max_age_ms`` before it arrived: otherwise (always with
+  ``max_age_ms: 0``) it waits for the next one, which every request waiting
+  so shares, so its answer reads everything written before it was sent;
 * **the sampler**: one settled observation every ``sample_interval_s``, so
   cached answers stay fresh (the periodic full rescan, the net under silent
   kernel queue overflows, is owed by the watcher: ``capsuled.watcher``); and
@@ -19,7 +23,11 @@ the home and everything asynchronous around it:
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline; with
-  ``since`` it long-polls for a new generation;
+  ``since`` it long-polls for a new generation (ended -32005 by
+  :meth:`Discovery.end_long_polls` when the daemon shuts down). The
+  deadline also bounds the wait for an observation: a stuck one goes on for
+  whoever shares it, and the request gets the latest answer (or -32001 when
+  it set ``max_age_ms`` and the latest is older);
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
@@ -43,6 +51,7 @@ write, not an encoding.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -69,7 +78,7 @@ from capsule_client.protocol import (
 
 from . import heap
 from .changes import ChangeFeed
-from .errors import InternalError, ShuttingDown
+from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .processes import UsageMeter
 from .reader import (
@@ -162,12 +171,45 @@ _RETRY_PAUSE_S: Final = 0.005
 
 
 class _Flight:
-    """One running observation and whoever waits for it."""
+    """One running observation and whoever waits for it.
+
+    Attributes:
+        number: observations begun before it, plus one; 0 until it begins.
+        started_at: when it began (monotonic seconds): on the event loop, just
+            before its worker thread takes the changes and the process sample,
+            so it reads everything written before a request that arrived
+            earlier.
+    """
 
     def __init__(self) -> None:
+        self.number = 0
+        self.started_at = math.inf
         self.done = anyio.Event()
         self.snapshot: ActiveSessionsSnapshot | None = None
         self.error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Wanted:
+    """Which running observation a request may share (SPEC §7 ``max_age_ms``).
+
+    One that began after the request arrived always serves; one that began
+    earlier serves only if its start is younger than ``max_age_s`` at the
+    request's arrival. So ``max_age_ms: 0`` never shares an observation that
+    was already running: it waits for the next one (and shares that one with
+    every other request that waits for it).
+    """
+
+    begun: int  # observations begun before the request arrived (a flight not begun serves)
+    arrived_at: float  # monotonic
+    max_age_s: float
+
+    def accepts(self, flight: _Flight) -> bool:
+        return flight.number > self.begun or self.arrived_at - flight.started_at < self.max_age_s
+
+
+class _NotInTime(Exception):
+    """The request's deadline passed while it waited for an observation."""
 
 
 class Discovery:
@@ -211,6 +253,8 @@ class Discovery:
         self._encoded: _Encoded | None = None
         self._latest_at = 0.0  # monotonic
         self._flight: _Flight | None = None
+        self._flights = 0  # observations begun so far
+        self._closing = False  # set by end_long_polls()
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
@@ -345,20 +389,36 @@ class Discovery:
                 with anyio.move_on_after(self.sample_interval_s):
                     await wake.wait()
 
-    async def observe(self) -> ActiveSessionsSnapshot:
+    async def observe(
+        self, wanted: _Wanted | None = None, *, deadline: float = math.inf
+    ) -> ActiveSessionsSnapshot:
         """One observation, shared with every caller that asks while it runs.
+
+        Args:
+            wanted: which running observation the caller may share; a running
+                one it does not accept is waited out, and the next one shared
+                (single flight still: SPEC §5). None: any.
+            deadline: monotonic time after which the caller stops waiting (the
+                observation goes on for whoever else shares it).
 
         Raises:
             ShuttingDown: the daemon is stopping (or :meth:`serve` is not running).
             InternalError: the observation failed on a defect (logged with its traceback).
+            _NotInTime: ``deadline`` passed first.
         """
-        flight = self._flight
-        if flight is None:
-            if self._tg is None or self._cancel.is_set():
-                raise ShuttingDown("shutting down: sessions are no longer observed")
-            flight = self._flight = _Flight()
-            self._tg.start_soon(self._fly, flight)
-        await flight.done.wait()
+        while True:
+            flight = self._flight
+            if flight is None:
+                if self._tg is None or self._cancel.is_set():
+                    raise ShuttingDown("shutting down: sessions are no longer observed")
+                flight = self._flight = _Flight()
+                self._tg.start_soon(self._fly, flight)
+            with anyio.move_on_after(deadline - time.monotonic()):
+                await flight.done.wait()
+            if not flight.done.is_set():
+                raise _NotInTime
+            if wanted is None or wanted.accepts(flight):
+                break
         if flight.snapshot is not None:
             return flight.snapshot
         if flight.error is None or isinstance(flight.error, ObservationCancelled):
@@ -367,6 +427,8 @@ class Discovery:
 
     async def _fly(self, flight: _Flight) -> None:
         try:
+            self._flights += 1
+            flight.number, flight.started_at = self._flights, time.monotonic()
             reader = self._reader
             reader.trust_watcher = self.watcher_mode != "off"
             if not reader.trust_watcher:
@@ -434,14 +496,25 @@ class Discovery:
             for listener in self._listeners:
                 listener(snapshot)
 
-    async def _settle(self, deadline: float) -> ActiveSessionsSnapshot:
+    async def _settle(
+        self, deadline: float, wanted: _Wanted | None = None, *, wait: bool = False
+    ) -> ActiveSessionsSnapshot | None:
         """Observe until the answer is not ``scanning`` (nor a home just replaced),
-        or ``deadline`` (monotonic) passes; return the last answer."""
+        or ``deadline`` (monotonic) passes; return the last answer.
+
+        With ``wait`` false (the sampler), an observation is always waited for
+        to its end; with ``wait`` true (a request), waiting ends at
+        ``deadline`` too, and None is returned if no observation ended by then.
+        """
+        answer: ActiveSessionsSnapshot | None = None
         while True:
-            snapshot = await self.observe()
-            retry = snapshot.discovery == "scanning" or snapshot.gaps == [GAP_HOME_REPLACED]
+            try:
+                answer = await self.observe(wanted, deadline=deadline if wait else math.inf)
+            except _NotInTime:
+                return answer
+            retry = answer.discovery == "scanning" or answer.gaps == [GAP_HOME_REPLACED]
             if not retry or time.monotonic() >= deadline:
-                return snapshot
+                return answer
             await anyio.sleep(_RETRY_PAUSE_S)
 
     # ----------------------------------------------------------------------
@@ -478,11 +551,13 @@ class Discovery:
         """Answer ``sessions.snapshot`` (SPEC §7).
 
         From the latest observation if it is younger than ``max_age_ms``
-        (default: the sample interval) and nothing is pending; otherwise a new
-        observation (shared), retried while ``scanning`` until ``ready`` or
-        ``timeout_ms``. With ``since``: at once if the generation differs,
-        else wait for a new one up to ``timeout_ms``. An ``unavailable``
-        answer is returned as it is, its gaps saying why.
+        (default: the sample interval) and nothing is pending; otherwise an
+        observation that began no longer than ``max_age_ms`` before the
+        request arrived (shared; ``max_age_ms: 0``: one that began after it),
+        retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
+        ``since``: at once if the generation differs, else wait for a new one
+        up to ``timeout_ms``. An ``unavailable`` answer is returned as it is,
+        its gaps saying why.
         """
         answer = await self._answer(params)
         if params.usage:
@@ -490,15 +565,50 @@ class Discovery:
         return msgspec.structs.replace(answer, task=params.task)
 
     async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """The observation that answers ``params``, as published (its ``task`` not set)."""
-        deadline = time.monotonic() + params.timeout_ms / 1000
+        """The observation that answers ``params``, as published (its ``task`` not set).
+
+        Raises:
+            DiscoveryUnavailable: ``timeout_ms`` passed before an observation
+                the request may use ended (see :meth:`_late`).
+            ShuttingDown: the daemon is stopping; a long poll ends with it.
+        """
+        arrived_at = time.monotonic()
+        deadline = arrived_at + params.timeout_ms / 1000
         max_age_s = (
             self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
         )
-        answer = self._fresh(max_age_s) or await self._settle(deadline)
+        answer = self._fresh(max_age_s)
+        if answer is None:
+            wanted = _Wanted(self._flights, arrived_at, max_age_s)
+            answer = await self._settle(deadline, wanted, wait=True) or self._late(params)
         if params.since is not None:
             answer = await self._wait_for_change(params.since, answer, deadline)
         return answer
+
+    def _late(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """The answer when ``timeout_ms`` passed while the request waited for an observation.
+
+        The observation goes on (others share it); the request gets, by its
+        deadline, the latest observation's answer (its ``observed_at`` tells
+        its age) -- as a request whose observations stayed ``scanning`` gets
+        the last of them. A request that set ``max_age_ms`` gets it only if it
+        is younger than that (so never with ``max_age_ms: 0``); otherwise, or
+        before the first observation, -32001.
+
+        Raises:
+            DiscoveryUnavailable: no answer fits (the message says the
+                observation did not finish within ``timeout_ms``).
+        """
+        latest = self._latest
+        if latest is not None and (
+            params.max_age_ms is None
+            or time.monotonic() - self._latest_at < params.max_age_ms / 1000
+        ):
+            return latest
+        raise DiscoveryUnavailable(
+            "discovery unavailable: the observation did not finish within timeout_ms "
+            f"({params.timeout_ms} ms); it goes on, ask again"
+        )
 
     async def _with_usage(self, answer: ActiveSessionsSnapshot) -> ActiveSessionsSnapshot:
         """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``."""
@@ -523,12 +633,31 @@ class Discovery:
     async def _wait_for_change(
         self, since: int, answer: ActiveSessionsSnapshot, deadline: float
     ) -> ActiveSessionsSnapshot:
+        """Wait up to ``deadline`` for a settled answer whose generation is not ``since``.
+
+        Raises:
+            ShuttingDown: :meth:`end_long_polls` was called first.
+        """
         with anyio.move_on_after(max(deadline - time.monotonic(), 0)):
             while answer.generation == since or answer.discovery == "scanning":
+                if self._closing:
+                    raise ShuttingDown("shutting down: the long poll ends without a change")
                 await self._published.wait()
                 assert self._latest is not None
                 answer = self._latest
         return answer
+
+    def end_long_polls(self) -> None:
+        """End every ``since`` long poll that waits for a change, and any that starts later.
+
+        They are answered -32005 at once instead of holding the shutdown's
+        drain until their ``timeout_ms`` (SPEC §8 finishes requests in
+        flight; a long poll has nothing more to wait for). A change that
+        arrived before still answers its poll.
+        """
+        self._closing = True
+        published, self._published = self._published, anyio.Event()
+        published.set()
 
 
 def _processes(answer: ActiveSessionsSnapshot) -> list[SessionProcess]:

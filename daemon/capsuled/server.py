@@ -110,10 +110,16 @@ class Connection:
         raw = self._raw_socket
         if raw is None:
             return await call()
+        failure: Exception | None = None
         async with anyio.create_task_group() as watch:
             watch.start_soon(self._end_when_peer_leaves, raw)
-            result = await call()
+            try:
+                result = await call()
+            except Exception as exc:  # out of the task group unwrapped: an RpcError stays one
+                failure = exc
             watch.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         return result
 
     async def _end_when_peer_leaves(self, raw: socket.socket) -> None:

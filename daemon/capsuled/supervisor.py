@@ -5,9 +5,10 @@ error reaches the caller and "ready" means ready): session discovery (the
 reader, its sampler and the exit watch, :mod:`capsuled.discovery`), the
 subscriptions it feeds (:mod:`capsuled.subscriptions`), the watcher, then
 the server; then it waits for a shutdown.
-Shutdown: stop accepting, close idle connections, let in-flight requests
-finish for up to ``drain_timeout_s``, cancel the rest (a running observation
-stops between two file reads), remove the socket.
+Shutdown: answer long polls -32005, stop accepting, close idle connections
+(subscriptions end with them), let in-flight requests finish for up to
+``drain_timeout_s``, cancel the rest (a running observation stops between two
+file reads), remove the socket.
 Signal handlers only set state: one task reads the signals.
 """
 
@@ -178,6 +179,10 @@ class Daemon:
     async def _drain(self) -> None:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
         self.dispatcher.shutting_down = True
+        # A long poll waits for a change that may not come before its timeout:
+        # answered -32005 now, it does not hold the drain (nor do subscriptions:
+        # their connections are idle between requests, and close_idle ends them).
+        self.sessions.end_long_polls()
         self.server.stop_accepting()
         self.server.close_idle()
         with anyio.move_on_after(self.config.drain_timeout_s):
