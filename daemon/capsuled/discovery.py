@@ -531,6 +531,23 @@ class Discovery:
             return None
         return latest
 
+    def _max_age_s(self, params: SnapshotParams) -> float:
+        """How old an answer ``params`` accepts (default: the sample interval), seconds."""
+        return self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
+
+    def answers_at_once(self, params: SnapshotParams) -> bool:
+        """Whether ``params`` is answered from the latest observation, without waiting.
+
+        True when that observation is fresh enough for ``max_age_ms`` and, with
+        ``since``, its generation differs and it is settled: the same tests
+        :meth:`snapshot_json` makes first, before its first ``await``.
+        """
+        answer = self._fresh(self._max_age_s(params))
+        return answer is not None and (
+            params.since is None
+            or (answer.generation != params.since and answer.discovery != "scanning")
+        )
+
     async def snapshot_json(self, params: SnapshotParams) -> bytes:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply).
 
@@ -574,9 +591,7 @@ class Discovery:
         """
         arrived_at = time.monotonic()
         deadline = arrived_at + params.timeout_ms / 1000
-        max_age_s = (
-            self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
-        )
+        max_age_s = self._max_age_s(params)
         answer = self._fresh(max_age_s)
         if answer is None:
             wanted = _Wanted(self._flights, arrived_at, max_age_s)
