@@ -39,23 +39,36 @@ class RawClient:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout_s)
         self.sock.connect(str(socket_path))
+        self._buffer = bytearray(1 << 16)
 
-    def request(self, line: bytes) -> bytes:
-        """Send ``line``; return the reply line (without ``\\n``).
+    def request_view(self, line: bytes) -> memoryview:
+        """Send ``line``; return the reply line (without ``\\n``) in the client's buffer.
+
+        The reply is read into one buffer kept across requests, so that a
+        megabyte reply costs the client no fresh allocation: what is timed is
+        the daemon and the kernel. The view is valid until the next request.
 
         Raises:
             ConnectionError: the daemon closed the connection.
             TimeoutError: no reply in time.
         """
         self.sock.sendall(line)
-        chunks: list[bytes] = []
+        filled = 0
         while True:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
+            if filled == len(self._buffer):
+                self._buffer.extend(bytes(len(self._buffer)))  # doubles; kept for later replies
+            with memoryview(self._buffer) as free:
+                received = self.sock.recv_into(free[filled:])
+            if not received:
                 raise ConnectionError("the daemon closed the connection")
-            chunks.append(chunk)
-            if chunk.endswith(b"\n"):
-                return b"".join(chunks)[:-1]
+            filled += received
+            if self._buffer[filled - 1] == 0x0A:  # one request in flight: its reply ends here
+                return memoryview(self._buffer)[: filled - 1]
+
+    def request(self, line: bytes) -> bytes:
+        """:meth:`request_view`, copied out of the buffer."""
+        with self.request_view(line) as reply:
+            return bytes(reply)
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """``method`` → its decoded ``result``.
