@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -57,6 +58,11 @@ def raw_exchange(socket_path: Path, data: bytes, *, timeout_s: float = 5.0) -> b
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks)
+
+
+def raw_replies(socket_path: Path, data: bytes) -> list[Any]:
+    """:func:`raw_exchange`, with each line the daemon sent back decoded as JSON."""
+    return [json.loads(line) for line in raw_exchange(socket_path, data).splitlines()]
 
 
 class DaemonProcess:
