@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -170,3 +171,34 @@ def listen_unix(path: Path) -> Any:
     sock.bind(str(path))
     sock.listen()
     return UnixListener(sock)
+
+
+DEMO = Path(__file__).parents[1] / "examples" / "demo_runtime.py"
+
+
+@contextmanager
+def demo_session(home: Path) -> Iterator[tuple[str, list[int]]]:
+    """Run examples/demo_runtime.py on ``home``; yield what it printed and its pids.
+
+    The demo leaves its session's processes running (``sleep 60``, pids in the
+    order of its "Kill all:" line); they are killed on the way out, whatever
+    the test did.
+    """
+    result = subprocess.run(
+        [sys.executable, DEMO, "--home", str(home), "--sleep-s", "60"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    kill_all = re.search(r"^Kill all: kill ([\d ]+)$", result.stdout, re.MULTILINE)
+    assert kill_all, result.stdout
+    pids = [int(pid) for pid in kill_all.group(1).split()]
+    try:
+        yield result.stdout, pids
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
