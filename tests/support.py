@@ -163,6 +163,24 @@ class DaemonProcess:
             self.process.wait(timeout=10)
 
 
+def bind_notify_socket(kind: str, directory: Path) -> tuple[socket.socket, str]:
+    """A datagram socket standing in for systemd's, and its ``NOTIFY_SOCKET`` value.
+
+    Args:
+        kind: ``"path"`` (a file ``notify`` in ``directory``) or ``"abstract"``
+            (a name in Linux's abstract namespace, spelt ``@name``).
+        directory: where a ``"path"`` socket is bound.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if kind == "path":
+        address = str(directory / "notify")
+        sock.bind(address)
+        return sock, address
+    name = f"capsuled-notify-{os.getpid()}-{time.monotonic_ns()}"
+    sock.bind("\0" + name)
+    return sock, "@" + name
+
+
 def listen_unix(path: Path) -> Any:
     """A listening socket for a server run in-process (the daemon's own binding takes a lock)."""
     from capsuled.server import UnixListener
