@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from support import DaemonProcess
+import rpc_model
+from support import DaemonProcess, raw_exchange
 
 FULL = os.environ.get("CAPSULED_HARDENING_FULL", "") not in ("", "0")
 
@@ -110,6 +111,22 @@ def exchange(socket_path: Path, payload: bytes, *, timeout_s: float = 30.0) -> t
             broken.set()
         sender.join(timeout_s)
     return b"".join(chunks), broken.is_set()
+
+
+def served_models(socket_path: Path) -> dict[str, rpc_model.MethodModel]:
+    """The reference model's methods that the daemon at ``socket_path`` serves.
+
+    A method counts as served unless a bare call to it (no params) answers
+    -32601 (method not found), so that a fuzz run covers what is built.
+    """
+    served = {}
+    for name, model in rpc_model.METHODS.items():
+        reply = raw_exchange(
+            socket_path, b'{"jsonrpc":"2.0","id":0,"method":"%s"}\n' % name.encode()
+        )
+        if json.loads(reply).get("error", {}).get("code") != -32601:
+            served[name] = model
+    return served
 
 
 class Prefixed(DaemonProcess):

@@ -170,8 +170,8 @@ class CheckHook(threading.Event):
         return super().is_set()
 
 
-class OwnershipMovingOnce(OwnershipReader):
-    """The real store reader; after its first answer a runtime registers an owner."""
+class _OwnershipMoving(OwnershipReader):
+    """The real store reader; after each answer, :meth:`after_answer` may change the store."""
 
     def __init__(self, world: World) -> None:
         super().__init__(world.store_path)
@@ -183,27 +183,27 @@ class OwnershipMovingOnce(OwnershipReader):
     ) -> Ownership:
         answer = super().session_process_ownership(inputs, execs, pids)
         self.calls += 1
-        if self.calls == 1:
-            self.world.own("ses_late", execs=["exe_1"])
+        self.after_answer()
         return answer
 
+    def after_answer(self) -> None:
+        raise NotImplementedError
 
-class OwnershipMovingAlways(OwnershipReader):
+
+class OwnershipMovingOnce(_OwnershipMoving):
+    """The real store reader; after its first answer a runtime registers an owner."""
+
+    def after_answer(self) -> None:
+        if self.calls == 1:
+            self.world.own("ses_late", execs=["exe_1"])
+
+
+class OwnershipMovingAlways(_OwnershipMoving):
     """The real store reader; after each answer a runtime registers one more session.
 
     Every observation's stability check then finds the store moved: the
     answer stays ``scanning`` however often it is retried.
     """
 
-    def __init__(self, world: World) -> None:
-        super().__init__(world.store_path)
-        self.world = world
-        self.calls = 0
-
-    def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
-    ) -> Ownership:
-        answer = super().session_process_ownership(inputs, execs, pids)
-        self.calls += 1
+    def after_answer(self) -> None:
         self.world.own(f"ses_late{self.calls}")
-        return answer

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -57,6 +59,11 @@ def raw_exchange(socket_path: Path, data: bytes, *, timeout_s: float = 5.0) -> b
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks)
+
+
+def raw_replies(socket_path: Path, data: bytes) -> list[Any]:
+    """:func:`raw_exchange`, with each line the daemon sent back decoded as JSON."""
+    return [json.loads(line) for line in raw_exchange(socket_path, data).splitlines()]
 
 
 class DaemonProcess:
@@ -156,6 +163,24 @@ class DaemonProcess:
             self.process.wait(timeout=10)
 
 
+def bind_notify_socket(kind: str, directory: Path) -> tuple[socket.socket, str]:
+    """A datagram socket standing in for systemd's, and its ``NOTIFY_SOCKET`` value.
+
+    Args:
+        kind: ``"path"`` (a file ``notify`` in ``directory``) or ``"abstract"``
+            (a name in Linux's abstract namespace, spelt ``@name``).
+        directory: where a ``"path"`` socket is bound.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if kind == "path":
+        address = str(directory / "notify")
+        sock.bind(address)
+        return sock, address
+    name = f"capsuled-notify-{os.getpid()}-{time.monotonic_ns()}"
+    sock.bind("\0" + name)
+    return sock, "@" + name
+
+
 def listen_unix(path: Path) -> Any:
     """A listening socket for a server run in-process (the daemon's own binding takes a lock)."""
     from capsuled.server import UnixListener
@@ -164,3 +189,34 @@ def listen_unix(path: Path) -> Any:
     sock.bind(str(path))
     sock.listen()
     return UnixListener(sock)
+
+
+DEMO = Path(__file__).parents[1] / "examples" / "demo_runtime.py"
+
+
+@contextmanager
+def demo_session(home: Path) -> Iterator[tuple[str, list[int]]]:
+    """Run examples/demo_runtime.py on ``home``; yield what it printed and its pids.
+
+    The demo leaves its session's processes running (``sleep 60``, pids in the
+    order of its "Kill all:" line); they are killed on the way out, whatever
+    the test did.
+    """
+    result = subprocess.run(
+        [sys.executable, DEMO, "--home", str(home), "--sleep-s", "60"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    kill_all = re.search(r"^Kill all: kill ([\d ]+)$", result.stdout, re.MULTILINE)
+    assert kill_all, result.stdout
+    pids = [int(pid) for pid in kill_all.group(1).split()]
+    try:
+        yield result.stdout, pids
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -33,6 +33,7 @@ from capsuled.reader import (
     GAP_TOO_MANY_ERRORS,
     ActiveSessionReader,
 )
+from capsuled.service import UnsafeHome, check_home
 
 
 @pytest.fixture
@@ -363,18 +364,37 @@ def test_home_removed_makes_the_observation_unavailable(world: World) -> None:
     assert observation.snapshot.gaps == [GAP_HOME_REPLACED]
 
 
-def test_a_home_writable_by_others_is_refused(world: World) -> None:
+@pytest.mark.parametrize(("mode", "who"), [(0o770, "group"), (0o707, "others")])
+def test_a_home_writable_by_others_is_refused(world: World, mode: int, who: str) -> None:
     process = world.pool.start()
     world.exec_receipt("exe_1", process.pid)
-    os.chmod(world.home, 0o777)
+    os.chmod(world.home, mode)
     snapshot = world.observe()
     assert snapshot.discovery == "unavailable"
     assert snapshot.gaps == [
-        f"home {world.home} is writable by group or others; refusing its receipts. "
-        f"Fix: `chmod 0700 {world.home}`"
+        f"the home {world.home} is writable by {who} (mode {mode:04o}): anyone who can write "
+        f"it can make a process look like part of a session. Fix: `chmod 0700 {world.home}`"
     ]
     os.chmod(world.home, 0o700)
     assert [p.pid for p in world.ready().unowned] == [process.pid]
+
+
+def test_a_refused_home_is_worded_as_at_start(world: World) -> None:
+    os.chmod(world.home, 0o777)
+    with pytest.raises(UnsafeHome) as caught:
+        check_home(world.home)
+    assert world.observe().gaps == [str(caught.value)]
+
+
+def test_a_home_that_became_a_file_is_refused(world: World) -> None:
+    world.ready()
+    shutil.rmtree(world.home)
+    world.home.write_text("not a directory")
+    snapshot = world.observe()
+    assert snapshot.discovery == "unavailable"
+    assert snapshot.gaps == [
+        f"the home {world.home} is not a directory; move it away or pass another --home"
+    ]
 
 
 def test_generation_grows_only_when_the_answer_changes(world: World) -> None:

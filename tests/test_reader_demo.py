@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from sessions_support import proc_state
-from support import wait_until
+from support import DEMO, demo_session, wait_until
 
 from capsuled.reader import ActiveSessionReader
-
-DEMO = Path(__file__).parents[1] / "examples" / "demo_runtime.py"
 
 
 def test_demo_runtime_makes_a_session_and_a_killed_process_leaves(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    result = subprocess.run(
-        [sys.executable, DEMO, "--home", str(home), "--sleep-s", "60"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
-    match = re.search(r"^Kill all: kill ([\d ]+)$", result.stdout, re.MULTILINE)
-    assert match, result.stdout
-    pids = [int(pid) for pid in match.group(1).split()]
-    try:
+    with demo_session(home) as (_, pids):
         snapshot = ActiveSessionReader(home).observe().snapshot
         assert snapshot.discovery == "ready"
         (session,) = snapshot.sessions
@@ -42,12 +29,6 @@ def test_demo_runtime_makes_a_session_and_a_killed_process_leaves(tmp_path: Path
         reader = ActiveSessionReader(home)
         (session,) = reader.observe().snapshot.sessions
         assert sorted(p.pid for p in session.processes) == sorted(pids[:-1])
-    finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_demo_runtime_imports_only_the_client() -> None:

@@ -11,6 +11,7 @@ import pytest
 from sessions_support import CheckHook, OwnershipMovingOnce, World, make_home, pids, sleepers
 
 from capsule_client.receipts import MAX_RECEIPT_BYTES, process_start_time
+from capsuled.home import user_name
 from capsuled.reader import (
     GAP_CATCHING_UP,
     GAP_MOVED,
@@ -363,7 +364,10 @@ def test_a_home_owned_by_another_user_is_refused(world: World) -> None:
     snapshot = world.observe()
     assert snapshot.discovery == "unavailable"
     assert snapshot.gaps == [
-        f"home {world.home} is owned by uid 65534, not {os.geteuid()}; refusing it"
+        f"the home {world.home} is owned by {user_name(65534)}, not by {user_name(os.geteuid())} "
+        "who runs capsuled: receipts are claims of ownership, so capsuled reads only a "
+        "home of its own user. Fix: use your own home (--home or CAPSULE_HOME), or "
+        f"`chown {os.geteuid()} {world.home} && chmod 0700 {world.home}`"
     ]
     os.chown(world.home, os.geteuid(), os.getegid())
     assert [p.exec_id for p in world.ready().unowned] == ["exe_1"]

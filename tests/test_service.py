@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from support import wait_until
+from support import bind_notify_socket, wait_until
 
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled import service
@@ -417,15 +417,7 @@ def notify_socket(
     request: pytest.FixtureRequest, short_dir: Path
 ) -> Iterator[tuple[str, socket.socket]]:
     """A real datagram socket standing in for systemd's, and its ``NOTIFY_SOCKET`` value."""
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    if request.param == "path":
-        address = str(short_dir / "notify")
-        receiver.bind(address)
-        value = address
-    else:
-        name = f"capsuled-test-{os.getpid()}-{time.monotonic_ns()}"
-        receiver.bind("\0" + name)
-        value = "@" + name
+    receiver, value = bind_notify_socket(request.param, short_dir)
     receiver.settimeout(5)
     try:
         yield value, receiver

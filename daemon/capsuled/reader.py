@@ -78,6 +78,7 @@ from capsule_client.receipts import (
     is_valid_input_id,
 )
 from capsuled.changes import ChangeFeed
+from capsuled.home import home_refusal
 from capsuled.processes import ProcessSample, matches_start, sample_processes
 from capsuled.store import Ownership, OwnershipReader, StoreUnavailable, StoreVersion
 
@@ -1050,21 +1051,20 @@ class ActiveSessionReader:
     # The home
 
     def _stat_home(self) -> tuple[int, int] | None:
+        """The home's identity (device, inode), or None while it is missing.
+
+        Raises:
+            _Unavailable: the home is refused (SPEC §3 strictness); the gap is
+                :func:`~capsuled.home.home_refusal`'s text, the same as at start.
+            OSError: the home cannot be inspected.
+        """
         try:
             st = os.stat(self._home)
         except FileNotFoundError:
             return None
-        if not stat.S_ISDIR(st.st_mode):
-            raise _Unavailable(f"home {self._home} is not a directory")
-        if st.st_uid != self._uid:
-            raise _Unavailable(
-                f"home {self._home} is owned by uid {st.st_uid}, not {self._uid}; refusing it"
-            )
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise _Unavailable(
-                f"home {self._home} is writable by group or others; refusing its receipts. "
-                f"Fix: `chmod 0700 {self._home}`"
-            )
+        refusal = home_refusal(st, self._home, self._uid)
+        if refusal is not None:
+            raise _Unavailable(refusal)
         return st.st_dev, st.st_ino
 
     def _check_home(self) -> None:

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pwd
-import shlex
 import socket
 import stat
 import struct
@@ -58,6 +56,7 @@ from capsule_client.protocol import (
     ErrorResponse,
 )
 from capsuled.errors import PermissionDenied
+from capsuled.home import home_refusal, user_name
 
 __all__ = [
     "ActivationError",
@@ -166,42 +165,21 @@ def check_home(home: Path) -> None:
     """Refuse a home that another user could write receipts into (SPEC §3).
 
     The home (symbolic links followed) must be a directory, owned by the
-    effective uid, with neither the group nor the others write bit.
+    effective uid, with neither the group nor the others write bit; the rule
+    and its wording are :func:`capsuled.home.home_refusal`, which the reader
+    applies on every observation too.
 
     Raises:
-        UnsafeHome: with a message that names the fix (``chmod 0700 …``).
+        UnsafeHome: the home cannot be inspected, or is refused, with a message
+            that names the fix (``chmod 0700 …``).
     """
-    quoted = shlex.quote(str(home))
     try:
         st = os.stat(home)
     except OSError as exc:
         raise UnsafeHome(f"cannot use the home {home}: {exc.strerror or exc}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeHome(f"the home {home} is not a directory; move it away or pass another --home")
-    me = os.geteuid()
-    if st.st_uid != me:
-        raise UnsafeHome(
-            f"the home {home} is owned by {_user_name(st.st_uid)}, not by {_user_name(me)} "
-            "who runs capsuled: receipts are claims of ownership, so capsuled reads only a home "
-            f"of its own user. Fix: use your own home (--home or CAPSULE_HOME), or "
-            f"`chown {me} {quoted} && chmod 0700 {quoted}`"
-        )
-    writable = [
-        who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit
-    ]
-    if writable:
-        raise UnsafeHome(
-            f"the home {home} is writable by {' and '.join(writable)} "
-            f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone who can write it can make a process "
-            f"look like part of a session. Fix: `chmod 0700 {quoted}`"
-        )
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
+    refusal = home_refusal(st, home, os.geteuid())
+    if refusal is not None:
+        raise UnsafeHome(refusal)
 
 
 def _make_private_dirs(path: Path) -> None:
@@ -304,7 +282,7 @@ def acquire_socket_lock(socket_path: Path, *, pid: int | None = None) -> SocketL
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise ServiceError(
-                f"the lock file {path} is not a regular file owned by {_user_name(os.geteuid())}; "
+                f"the lock file {path} is not a regular file owned by {user_name(os.geteuid())}; "
                 "remove it if no capsuled is running"
             )
         try:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import pytest
 import rpc_model
-from hardening import FULL, FULL_TIMEOUT_S, exchange, record, size
+from hardening import FULL, FULL_TIMEOUT_S, exchange, record, served_models, size
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import DaemonProcess, raw_exchange, short_tmpdir
@@ -274,13 +274,7 @@ def fuzzed() -> Iterator[tuple[DaemonProcess, dict[str, rpc_model.MethodModel]]]
         home.mkdir(mode=0o700)
         # Debug logging of every request would dominate the run; info keeps warnings.
         with DaemonProcess(home, tmp / "f.sock", ["--log-level", "info"]) as daemon:
-            served = {}
-            for name, model in rpc_model.METHODS.items():
-                reply = raw_exchange(
-                    daemon.socket_path, b'{"jsonrpc":"2.0","id":0,"method":"%s"}\n' % name.encode()
-                )
-                if json.loads(reply).get("error", {}).get("code") != -32601:
-                    served[name] = model
+            served = served_models(daemon.socket_path)
             assert {"ping", "status"} <= served.keys()
             yield daemon, served
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import rpc_model
-from hardening import exchange
-from support import DaemonProcess, raw_exchange, short_tmpdir
+from hardening import exchange, served_models
+from support import DaemonProcess, short_tmpdir
 
 from capsule_client.protocol import METHOD_PARAMS
 
@@ -66,14 +66,7 @@ def served() -> Iterator[tuple[DaemonProcess, dict[str, rpc_model.MethodModel]]]
         home = tmp / "home"
         home.mkdir(mode=0o700)
         with DaemonProcess(home, tmp / "p.sock", ["--log-level", "info"]) as daemon:
-            models = {}
-            for name, model in rpc_model.METHODS.items():
-                reply = raw_exchange(
-                    daemon.socket_path, b'{"jsonrpc":"2.0","id":0,"method":"%s"}\n' % name.encode()
-                )
-                if json.loads(reply).get("error", {}).get("code") != -32601:
-                    models[name] = model
-            yield daemon, models
+            yield daemon, served_models(daemon.socket_path)
 
 
 def test_the_catalogue_covers_every_parameter() -> None:

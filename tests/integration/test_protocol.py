@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DaemonProcess, raw_exchange, short_tmpdir
+from support import raw_replies
 
 MiB = 1024 * 1024
 PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
-
-
-@pytest.fixture(scope="module")
-def sock() -> Iterator[Path]:
-    with short_tmpdir() as tmp:
-        home = tmp / "home"
-        home.mkdir(mode=0o700)
-        with DaemonProcess(home, tmp / "p.sock") as daemon:
-            yield daemon.socket_path
-            assert daemon.process is not None
-            assert daemon.process.poll() is None, "the daemon died of its input"
-
-
-def replies(sock: Path, data: bytes) -> list[Any]:
-    return [json.loads(line) for line in raw_exchange(sock, data).splitlines()]
 
 
 def error(code: int, id: Any = None) -> dict[str, Any]:
@@ -43,7 +27,7 @@ def assert_error(reply: dict[str, Any], code: int, id: Any = None) -> None:
 
 
 def test_ping_answers(sock: Path) -> None:
-    [reply] = replies(sock, PING + b"\n")
+    [reply] = raw_replies(sock, PING + b"\n")
     assert reply["jsonrpc"] == "2.0" and reply["id"] == 1
     assert reply["result"]["pong"] is True
     assert isinstance(reply["result"]["version"], str)
@@ -61,7 +45,7 @@ def test_ping_answers(sock: Path) -> None:
     ids=["malformed", "truncated", "binary", "invalid-utf8", "bare-word"],
 )
 def test_parse_error_has_null_id(sock: Path, line: bytes) -> None:
-    [reply] = replies(sock, line + b"\n")
+    [reply] = raw_replies(sock, line + b"\n")
     assert_error(reply, -32700)
 
 
@@ -99,18 +83,18 @@ def test_parse_error_has_null_id(sock: Path, line: bytes) -> None:
     ],
 )
 def test_invalid_request(sock: Path, line: bytes, id: Any) -> None:
-    [reply] = replies(sock, line + b"\n")
+    [reply] = raw_replies(sock, line + b"\n")
     assert_error(reply, -32600, id)
 
 
 def test_unknown_method_echoes_the_id(sock: Path) -> None:
-    [reply] = replies(sock, b'{"jsonrpc":"2.0","id":"abc","method":"no.such"}\n')
+    [reply] = raw_replies(sock, b'{"jsonrpc":"2.0","id":"abc","method":"no.such"}\n')
     assert_error(reply, -32601, "abc")
     assert "no.such" in reply["error"]["message"]
 
 
 def test_invalid_params_name_the_parameter_and_the_reason(sock: Path) -> None:
-    [unknown, positional] = replies(
+    [unknown, positional] = raw_replies(
         sock,
         b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"colour":1}}\n'
         b'{"jsonrpc":"2.0","id":2,"method":"ping","params":[1]}\n',
@@ -123,7 +107,7 @@ def test_invalid_params_name_the_parameter_and_the_reason(sock: Path) -> None:
 
 
 def test_empty_params_are_no_params(sock: Path) -> None:
-    got = replies(
+    got = raw_replies(
         sock,
         b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{}}\n'
         b'{"jsonrpc":"2.0","id":2,"method":"ping","params":[]}\n',
@@ -132,7 +116,7 @@ def test_empty_params_are_no_params(sock: Path) -> None:
 
 
 def test_a_notification_gets_no_reply_but_a_null_id_does(sock: Path) -> None:
-    got = replies(
+    got = raw_replies(
         sock,
         b'{"jsonrpc":"2.0","method":"ping"}\n'
         b'{"jsonrpc":"2.0","method":"no.such"}\n'
@@ -143,14 +127,15 @@ def test_a_notification_gets_no_reply_but_a_null_id_does(sock: Path) -> None:
 
 
 def test_batches(sock: Path) -> None:
-    [empty] = replies(sock, b"[]\n")
+    [empty] = raw_replies(sock, b"[]\n")
     assert_error(empty, -32600)
 
     assert (
-        replies(sock, b'[{"jsonrpc":"2.0","method":"ping"},{"jsonrpc":"2.0","method":"x"}]\n') == []
+        raw_replies(sock, b'[{"jsonrpc":"2.0","method":"ping"},{"jsonrpc":"2.0","method":"x"}]\n')
+        == []
     )
 
-    [batch] = replies(
+    [batch] = raw_replies(
         sock,
         b'[{"jsonrpc":"2.0","id":1,"method":"ping"},'
         b"1,"
@@ -166,21 +151,21 @@ def test_batches(sock: Path) -> None:
 
 
 def test_a_malformed_batch_is_a_parse_error(sock: Path) -> None:
-    [reply] = replies(sock, b'[{"jsonrpc":"2.0","id":1,"method":"ping"},\n')
+    [reply] = raw_replies(sock, b'[{"jsonrpc":"2.0","id":1,"method":"ping"},\n')
     assert_error(reply, -32700)
 
 
 def test_requests_on_one_connection_are_answered_in_order(sock: Path) -> None:
     lines = b"".join(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % i for i in range(50))
-    assert [r["id"] for r in replies(sock, lines)] == list(range(50))
+    assert [r["id"] for r in raw_replies(sock, lines)] == list(range(50))
 
 
 def test_blank_lines_are_ignored(sock: Path) -> None:
-    assert [r["id"] for r in replies(sock, b"\n  \n" + PING + b"\n\n")] == [1]
+    assert [r["id"] for r in raw_replies(sock, b"\n  \n" + PING + b"\n\n")] == [1]
 
 
 def test_a_final_line_without_newline_is_answered(sock: Path) -> None:
-    [reply] = replies(sock, PING)
+    [reply] = raw_replies(sock, PING)
     assert reply["result"]["pong"] is True
 
 
@@ -188,7 +173,7 @@ def test_a_message_of_exactly_the_limit_is_served(sock: Path) -> None:
     padding = b" " * (MiB - len(PING))
     line = PING[:-1] + padding + b"}"
     assert len(line) == MiB
-    [reply] = replies(sock, line + b"\n")
+    [reply] = raw_replies(sock, line + b"\n")
     assert reply["result"]["pong"] is True
 
 
@@ -211,6 +196,6 @@ def test_a_message_over_the_limit_is_refused_and_the_connection_closed(
 
 
 def test_the_daemon_lives_on_after_bad_input(sock: Path) -> None:
-    replies(sock, b"\x00" * 1000 + b"\n{{{{\n]]]\n")
-    [reply] = replies(sock, PING + b"\n")
+    raw_replies(sock, b"\x00" * 1000 + b"\n{{{{\n]]]\n")
+    [reply] = raw_replies(sock, PING + b"\n")
     assert reply["result"]["pong"] is True

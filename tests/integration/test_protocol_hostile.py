@@ -7,31 +7,14 @@ without a reply for a message the specification gives an outcome to.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import DaemonProcess, raw_exchange, short_tmpdir
+from support import raw_replies
 
 DEPTH = 100_000
 DEEP = b"[" * DEPTH + b"]" * DEPTH
 PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'
-
-
-@pytest.fixture(scope="module")
-def sock() -> Iterator[Path]:
-    with short_tmpdir() as tmp:
-        home = tmp / "home"
-        home.mkdir(mode=0o700)
-        with DaemonProcess(home, tmp / "h.sock") as daemon:
-            yield daemon.socket_path
-            assert daemon.process is not None
-            assert daemon.process.poll() is None, "the daemon died of its input"
-
-
-def replies(sock: Path, data: bytes) -> list[Any]:
-    return [json.loads(line) for line in raw_exchange(sock, data).splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -58,7 +41,7 @@ def replies(sock: Path, data: bytes) -> list[Any]:
 def test_json_nested_too_deeply_is_a_parse_error_and_the_connection_lives(
     sock: Path, line: bytes
 ) -> None:
-    first, second = replies(sock, line + b"\n" + PING + b"\n")
+    first, second = raw_replies(sock, line + b"\n" + PING + b"\n")
     assert first["id"] is None
     assert first["error"]["code"] == -32700, first
     assert "deep" in first["error"]["message"]
@@ -72,7 +55,7 @@ def test_a_missing_param_is_named_in_data(sock: Path) -> None:
         "method": "session.reconcile",
         "params": {"from_session": "ses_a", "context_id": "c"},
     }
-    [reply] = replies(sock, json.dumps(request).encode() + b"\n")
+    [reply] = raw_replies(sock, json.dumps(request).encode() + b"\n")
     assert reply["id"] == 7
     assert reply["error"]["code"] == -32602
     assert reply["error"]["data"]["param"] == "this_session"

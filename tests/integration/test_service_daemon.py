@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, raw_exchange, wait_until
+from support import DaemonProcess, bind_notify_socket, raw_exchange, wait_until
 
 from capsule_client import Client, RemoteError
 from capsuled.service import lock_path_for
@@ -223,15 +223,7 @@ class NotifyReceiver:
 
 @pytest.fixture(params=["path", "abstract"])
 def notify_receiver(request: pytest.FixtureRequest, short_dir: Path) -> Iterator[NotifyReceiver]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    if request.param == "path":
-        address = str(short_dir / "notify")
-        sock.bind(address)
-        value = address
-    else:
-        name = f"capsuled-notify-{os.getpid()}-{time.monotonic_ns()}"
-        sock.bind("\0" + name)
-        value = "@" + name
+    sock, value = bind_notify_socket(request.param, short_dir)
     with sock:
         yield NotifyReceiver(sock, value)
 
