@@ -16,6 +16,7 @@ connection, so a stuck reader cannot hold a request slot forever.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import errno
 import os
@@ -26,8 +27,7 @@ from typing import TypeVar
 
 import anyio
 import structlog
-from anyio.abc import ByteStream, TaskStatus, UNIXSocketStream
-from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.abc import ByteStream, SocketStream, TaskStatus, UNIXSocketStream
 
 from capsule_client.protocol import (
     INTERNAL_ERROR,
@@ -73,7 +73,7 @@ _RECEIVE_CHUNK = 65536
 class Connection:
     """One client connection: its stream, a send lock, and whether it is busy."""
 
-    def __init__(self, stream: ByteStream, number: int, write_timeout_s: float) -> None:
+    def __init__(self, stream: SocketStream, number: int, write_timeout_s: float) -> None:
         self.stream = stream
         self.number = number
         self.busy = False
@@ -83,9 +83,10 @@ class Connection:
         self._send_lock = anyio.Lock()
         self._write_timeout_s = write_timeout_s
         self._after_reply: list[Callable[[], None]] = []
-        self._raw_socket: socket.socket | None = stream.extra(
-            anyio.abc.SocketAttribute.raw_socket, None
-        )
+        self._raw_socket: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        #: The requests received, line by line (registered with the event loop
+        #: by :meth:`Server._serve_connection` for the connection's life).
+        self.lines = _LineReader(self._raw_socket)
 
     def call_after_reply(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the reply to the request being handled is sent
@@ -103,16 +104,12 @@ class Connection:
 
         A long poll may wait up to an hour for a change: a client that gave up
         must not keep its connection slot (and the poll) alive that long.
-        While the request runs nothing reads the socket, so end-of-stream is
-        seen by peeking; a peer that already sent its next request is still
-        there, and is not watched further.
+        The line reader keeps receiving while the request runs, so it sees
+        end-of-stream.
         """
-        raw = self._raw_socket
-        if raw is None:
-            return await call()
         failure: Exception | None = None
         async with anyio.create_task_group() as watch:
-            watch.start_soon(self._end_when_peer_leaves, raw)
+            watch.start_soon(self._end_when_peer_leaves)
             try:
                 result = await call()
             except Exception as exc:  # out of the task group unwrapped: an RpcError stays one
@@ -122,21 +119,13 @@ class Connection:
             raise failure
         return result
 
-    async def _end_when_peer_leaves(self, raw: socket.socket) -> None:
+    async def _end_when_peer_leaves(self) -> None:
+        await self.lines.wait_ended()
+        # End of stream: the peer shut its writing side. If it only half-closed,
+        # it still waits for the answer (docs/protocol.md); it is gone once the
+        # socket also reports a hang-up, or the reader saw an error (a reset).
         while True:
-            await anyio.wait_readable(raw)
-            try:
-                data = raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                break  # reset by the peer
-            if data:
-                await anyio.sleep_forever()  # more requests queued: the peer is there
-            # End of stream: the peer shut its writing side. If it only
-            # half-closed, it still waits for the answer (docs/protocol.md);
-            # it is gone once the socket also reports a hang-up.
-            if _hung_up(raw):
+            if self.lines.failed or _hung_up(self._raw_socket):
                 break
             await anyio.sleep(_HALF_CLOSED_POLL_S)
         log.debug("peer left during a request; ending it", connection=self.number)
@@ -151,8 +140,6 @@ class Connection:
         ``InvalidStateError``.
         """
         try:
-            if self._raw_socket is None:
-                raise OSError("no raw socket")
             self._raw_socket.shutdown(socket.SHUT_RD)
         except OSError:
             self.scope.cancel()
@@ -169,8 +156,6 @@ class Connection:
         sent from discovery's own encoded buffer, not from a copy.
         """
         raw = self._raw_socket
-        if raw is None:
-            return await self._send_with_stream(b"".join((*parts, b"\n")))
         pending = [memoryview(part) for part in parts]
         pending.append(_NEWLINE)
         if self._send_lock.locked():
@@ -211,17 +196,6 @@ class Connection:
             )
         return False
 
-    async def _send_with_stream(self, data: bytes) -> bool:
-        """:meth:`send_line` for a stream without a socket (tests' in-memory streams)."""
-        async with self._send_lock:
-            with anyio.move_on_after(self._write_timeout_s):
-                try:
-                    await self.stream.send(data)
-                    return True
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return False
-            return False
-
     @property
     def writing(self) -> bool:
         """Whether a line is being written (others wait for it)."""
@@ -229,7 +203,7 @@ class Connection:
 
     def notify_closing(self) -> None:
         """Wake a sender waiting for the socket to drain: it is about to be closed."""
-        if self._raw_socket is not None and self._raw_socket.fileno() >= 0:
+        if self._raw_socket.fileno() >= 0:
             anyio.notify_closing(self._raw_socket)
 
 
@@ -245,6 +219,134 @@ def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
             return rest
         sent -= len(part)
     return []
+
+
+class _LineReader:
+    """The lines a connection receives, read as they arrive.
+
+    The socket stays registered with the event loop for the connection's life
+    (as asyncio's own streams keep it): each time it is readable, a callback
+    receives what is there and wakes the task waiting for a line. Through
+    anyio's stream, every wait added and removed the registration (two
+    ``epoll_ctl`` calls) and every receive took a checkpoint, which at many
+    small requests a second cost more than the requests. This is asyncio's
+    event loop API: the daemon runs on anyio's asyncio backend.
+
+    Reading pauses while more than ``_PAUSE_BYTES`` wait unread (a peer that
+    sends faster than it is answered), and resumes as lines are taken. So
+    that a peer pipelining requests cannot hold the event loop, the task
+    yields after every ``_YIELD_EVERY`` lines it took without waiting.
+    """
+
+    _PAUSE_BYTES = MAX_MESSAGE_BYTES + _RECEIVE_CHUNK
+    _RESUME_BYTES = _RECEIVE_CHUNK
+    _YIELD_EVERY = 16
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = anyio.Event()
+        self._unwaited = 0  # lines taken since the task last waited
+        #: End of stream or an error was received (nothing more will come).
+        self.ended = False
+        #: The socket failed (reset by the peer): it is gone, not half-closed.
+        self.failed = False
+
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes of a next request were received already."""
+        return bool(self._buffer)
+
+    def start(self) -> None:
+        """Register the socket with the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._resume()
+
+    def stop(self) -> None:
+        """Unregister the socket (before it is closed); wakes a waiting task."""
+        self._pause()
+        self._end()
+
+    async def wait_ended(self) -> None:
+        """Return once end-of-stream or an error was received."""
+        await self._ended.wait()
+
+    def _resume(self) -> None:
+        if not self._reading and not self.ended and self._loop is not None:
+            self._loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._reading = True
+
+    def _pause(self) -> None:
+        if self._reading and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._reading = False
+
+    def _end(self) -> None:
+        self.ended = True
+        self._ended.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._sock.recv(_RECEIVE_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.failed = True
+            data = b""
+        if not data:
+            self._pause()
+            self._end()
+            return
+        self._buffer += data
+        if len(self._buffer) > self._PAUSE_BYTES:
+            self._pause()
+        self._wake()
+
+    async def next_line(self) -> bytes | None:
+        """The next line without its ``\\n``; ``None`` if it is longer than the limit.
+
+        At end of stream, a last line without its ``\\n`` is returned.
+
+        Raises:
+            EOFError: nothing more will come (end of stream, an error, or :meth:`stop`).
+        """
+        while True:
+            buffer = self._buffer
+            at = buffer.find(b"\n")
+            if at >= 0:
+                line = bytes(buffer[:at])
+                del buffer[: at + 1]  # from the front of a bytearray: no copy of the rest
+                if len(buffer) <= self._RESUME_BYTES:
+                    self._resume()
+                self._unwaited += 1
+                if self._unwaited >= self._YIELD_EVERY:
+                    self._unwaited = 0
+                    await anyio.lowlevel.checkpoint()
+                return line
+            if len(buffer) > MAX_MESSAGE_BYTES:
+                buffer.clear()
+                return None
+            if self.ended:
+                if self.failed or not buffer:
+                    raise EOFError
+                line = bytes(buffer)
+                buffer.clear()
+                return line
+            assert self._loop is not None, "start() first"
+            self._waiter = self._loop.create_future()
+            self._unwaited = 0
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
 
 class Server:
@@ -379,7 +481,7 @@ class Server:
         for connection in list(self.connections):
             connection.scope.cancel()
 
-    async def _serve_connection(self, stream: ByteStream, number: int) -> None:
+    async def _serve_connection(self, stream: SocketStream, number: int) -> None:
         connection = Connection(stream, number, self.write_timeout_s)
         self.connections.add(connection)
         try:
@@ -388,6 +490,7 @@ class Server:
                     try:
                         await self._converse(connection)
                     finally:
+                        connection.lines.stop()
                         connection.notify_closing()
         except Exception:
             log.warning("connection failed", connection=number, exc_info=True)
@@ -418,24 +521,20 @@ class Server:
                 return
         token = current_connection.set(connection)
         try:
-            await self._read_requests(connection, BufferedByteReceiveStream(stream))
+            connection.lines.start()
+            await self._read_requests(connection)
         finally:
             current_connection.reset(token)
 
-    async def _read_requests(
-        self, connection: Connection, buffered: BufferedByteReceiveStream
-    ) -> None:
+    async def _read_requests(self, connection: Connection) -> None:
+        lines = connection.lines
         while not self._stopping:
-            final = too_long = False
             try:
-                line = await buffered.receive_until(b"\n", MAX_MESSAGE_BYTES + 1)
-            except anyio.IncompleteRead:
-                line, final = bytes(buffered.buffer), True
-            except anyio.DelimiterNotFound:
-                line, too_long = b"", True
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                line = await lines.next_line()
+            except EOFError:
                 return
-            if too_long or len(line) > MAX_MESSAGE_BYTES:
+            final = lines.ended and not lines.buffered
+            if line is None or len(line) > MAX_MESSAGE_BYTES:
                 await connection.send_line(
                     encode_error(
                         INVALID_REQUEST,
