@@ -135,9 +135,8 @@ class Connection:
         """Make the pending read see end-of-stream, so the connection ends by itself.
 
         Shutting the socket down for reading is gentler than cancelling the
-        read: anyio's asyncio stream (4.16) can set its read future twice when
-        a cancelled read meets arriving data, which the event loop reports as
-        ``InvalidStateError``.
+        read: the line reader sees end-of-stream, answers nothing more, and the
+        connection closes after any line already received is answered.
         """
         try:
             self._raw_socket.shutdown(socket.SHUT_RD)
