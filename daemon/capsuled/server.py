@@ -150,9 +150,10 @@ class Connection:
         When nobody holds the lock, the line is first offered to the socket
         directly: a reply that fits in the socket buffer (nearly all of them)
         costs one ``send(2)`` and no lock, timer or task switch. The rest
-        is sent under the lock and the write timeout. The parts are gathered
-        by the kernel, never joined here: a snapshot reply of megabytes is
-        sent from discovery's own encoded buffer, not from a copy.
+        is sent under the lock and the write timeout. A small one-part line is
+        joined with its newline; otherwise the parts are gathered by the
+        kernel, never joined here: a snapshot reply of megabytes is sent from
+        discovery's own encoded buffer, not from a copy.
         """
         raw = self._raw_socket
         if len(parts) == 1 and len(parts[0]) < _JOIN_BELOW_BYTES:
