@@ -24,6 +24,7 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import SnapshotParams
 from capsule_client.store import OwnershipStore
 from capsuled.discovery import Discovery
+from capsuled.errors import DiscoveryUnavailable as Unavailable
 
 #: The store's busy timeout: the least time an observation waits for the lock.
 BUSY_TIMEOUT_S = 1.0
@@ -118,3 +119,25 @@ async def test_without_max_age_the_deadline_answers_the_latest_observation(
     assert discovery.state == "unavailable"
     assert time.monotonic() - started >= BUSY_TIMEOUT_S
     writer.execute("COMMIT")
+
+
+@pytest.mark.anyio
+async def test_before_the_first_observation_the_deadline_is_unavailable(
+    home: Path, writer: sqlite3.Connection
+) -> None:
+    """No answer to fall back on yet: -32001 by the deadline, not an answer a second late."""
+    writer.execute("BEGIN EXCLUSIVE")  # the first observation waits the busy timeout
+    discovery = Discovery(home, sample_interval_s=60, watcher_mode=lambda: "native")
+    async with anyio.create_task_group() as tg:
+        await tg.start(discovery.serve)
+        assert discovery.latest is None
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as raised:
+            await discovery.snapshot(SnapshotParams(timeout_ms=TIMEOUT_MS))
+        elapsed_s = time.monotonic() - started
+        assert elapsed_s < ANSWERED_WITHIN_S, elapsed_s
+        assert f"did not finish within timeout_ms ({TIMEOUT_MS} ms)" in str(raised.value)
+        writer.execute("COMMIT")
+        with anyio.fail_after(5):
+            await discovery.first_observation.wait()
+        tg.cancel_scope.cancel()
