@@ -24,7 +24,15 @@ import msgspec
 from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
-from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError, SubscriptionDropped
+from ._exceptions import (
+    CapsuleError,
+    ConnectionLost,
+    DaemonNotRunning,
+    RemoteError,
+    RequestTimeout,
+    ShuttingDown,
+    SubscriptionDropped,
+)
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -270,22 +278,50 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
     return "\n".join(lines)
 
 
+#: Seconds between two attempts to reach a daemon that went away under ``watch``.
+WATCH_RECONNECT_INTERVAL_S: Final = 0.2
+
+
 def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """``capsulectl watch``: print every change until interrupted.
+
+    A daemon that goes away after the first answer (a restart, an upgrade)
+    does not end the watch: it reconnects, and the new subscription starts
+    with the whole answer again (``full``). A daemon that is not there at the
+    start ends it with exit status 3, as for every other command.
+    """
     printer = ChangePrinter(json_lines=args.json)
+    answered = False
     try:
         while True:
             try:
                 for change in client.subscribe():
+                    answered = True
                     out.write(printer.render(change))
                     out.flush()
             except SubscriptionDropped as exc:
                 # The next subscription starts with the whole answer again.
                 print(f"capsulectl: {exc}; subscribing again", file=sys.stderr)
+            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
+                if not answered:
+                    raise
+                print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
+                _wait_for_daemon(client)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:  # `capsulectl watch | head`
         _quiet_stdout(out)
         return EXIT_OK
+
+
+def _wait_for_daemon(client: Client) -> None:
+    """Ping until a daemon answers on the client's socket (for ever: Ctrl-C ends it)."""
+    while True:
+        try:
+            client.ping()
+            return
+        except (ConnectionLost, DaemonNotRunning, RequestTimeout, ShuttingDown):
+            time.sleep(WATCH_RECONNECT_INTERVAL_S)
 
 
 def _quiet_stdout(out: TextIO) -> None:
