@@ -602,7 +602,12 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     command, _ = COMMANDS[args.command]
     try:
         with Client(options["socket"], timeout_s=options["timeout"]) as client:
-            return command(client, args, out)
+            code = command(client, args, out)
+            out.flush()  # a closed pipe is noticed here, not at the exit's flush
+            return code
+    except BrokenPipeError:  # `capsulectl sessions --json | head -c 100`: the reader left
+        _quiet_stdout(out)
+        return EXIT_OK
     except DaemonNotRunning as exc:
         print(
             f"capsulectl: capsuled is not running: nothing accepts connections on "
