@@ -514,9 +514,10 @@ def _top_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
         metavar="S",
-        type=float,
+        type=_interval_s,
         default=2.0,
-        help="seconds between two refreshes; a change of the answer refreshes at once (default: 2)",
+        help="seconds between two refreshes, at most 3600; a change of the answer refreshes "
+        "at once (default: 2)",
     )
     parser.add_argument(
         "--once",
@@ -540,6 +541,20 @@ def _timeout_s(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+#: The longest ``top --interval``: the daemon's longest long poll (``timeout_ms``).
+TOP_INTERVAL_MAX_S: Final = 3600.0
+
+
+def _interval_s(text: str) -> float:
+    """``top --interval``: positive seconds, at most an hour (else a usage error, exit 2)."""
+    value = _timeout_s(text)
+    if value > TOP_INTERVAL_MAX_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {TOP_INTERVAL_MAX_S:g} seconds, not {text!r}"
+        )
     return value
 
 
