@@ -403,10 +403,16 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             out.flush()
             if args.once:
                 return EXIT_OK
-            # Wakes at once when the answer changes, else after the interval.
-            snapshot = client.snapshot(
-                usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
-            )
+            try:
+                # Wakes at once when the answer changes, else after the interval.
+                snapshot = client.snapshot(
+                    usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
+                )
+            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
+                # A restart: the new daemon's generations count from 1 again.
+                print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
+                _wait_for_daemon(client)
+                snapshot = client.snapshot(usage=True)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:

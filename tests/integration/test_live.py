@@ -461,3 +461,33 @@ def test_capsulectl_watch_outlives_a_daemon_restart(quiet_daemon: DaemonProcess)
         finally:
             if watch.poll() is None:
                 watch.kill()
+
+
+def test_capsulectl_top_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "capsule_client.cli",
+        "--socket",
+        str(quiet_daemon.socket_path),
+        "top",
+        "--json",
+        "--interval",
+        "0.2",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as top:
+        try:
+            assert top.stdout is not None and top.stderr is not None
+            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            assert quiet_daemon.stop(signal.SIGTERM) == 0
+            quiet_daemon.start()
+            wait_until(
+                lambda: b"reconnecting" in top.stderr.read1(), message="top to say it reconnects"
+            )
+            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            assert top.poll() is None
+            top.send_signal(signal.SIGINT)
+            assert top.wait(timeout=DEADLINE_S) == 0
+        finally:
+            if top.poll() is None:
+                top.kill()
