@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -329,6 +330,27 @@ def _wait_for_daemon(client: Client) -> None:
             time.sleep(WATCH_RECONNECT_INTERVAL_S)
 
 
+def _lock_path(socket_path: Path) -> Path:
+    """The daemon's lock file beside its socket (``<socket>.lock``, docs/service.md)."""
+    return socket_path.with_name(socket_path.name + ".lock")
+
+
+def _lock_holder(socket_path: Path) -> int | None:
+    """The pid a daemon wrote in its lock file, if a process with that pid runs.
+
+    A daemon empties the file when it stops cleanly; one killed leaves its pid,
+    which another process may have taken since: callers say "if it is capsuled".
+    """
+    try:
+        pid = int(_lock_path(socket_path).read_text(encoding="ascii").strip())
+        if pid <= 0:
+            return None
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
 def _quiet_stdout(out: TextIO) -> None:
     """After EPIPE on stdout, point it at /dev/null so the exit flush stays quiet."""
     if out is sys.stdout:
@@ -635,6 +657,17 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         _quiet_stdout(out)
         return EXIT_OK
     except DaemonNotRunning as exc:
+        holder = _lock_holder(exc.socket_path)
+        if holder is not None:
+            print(
+                f"capsulectl: nothing accepts connections on {exc.socket_path} ({exc.reason}), "
+                f"but pid {holder}, named in {_lock_path(exc.socket_path)}, still runs.\n"
+                "If it is capsuled, its socket was removed (a clean-up of /tmp?), and a new "
+                f"capsuled would refuse to start beside it: stop it (`kill {holder}`), then "
+                "start capsuled again.",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_RUNNING
         print(
             f"capsulectl: capsuled is not running: nothing accepts connections on "
             f"{exc.socket_path} ({exc.reason}).\n"

@@ -229,3 +229,14 @@ def test_capsulectl_into_a_closed_pipe_exits_quietly(
         )
     assert proc.returncode == 0
     assert proc.stderr == b""
+
+
+def test_capsulectl_names_a_running_daemon_whose_socket_was_removed(
+    daemon: DaemonProcess,
+) -> None:
+    """A tmp cleaner removed the socket: `capsuled` would refuse to start, so say who holds it."""
+    daemon.socket_path.unlink()
+    proc = run_capsulectl("ping", "--socket", str(daemon.socket_path))
+    assert proc.returncode == 3
+    assert f"pid {daemon.pid}" in proc.stderr and "socket was removed" in proc.stderr
+    assert "Traceback" not in proc.stderr
