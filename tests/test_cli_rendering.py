@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from capsule_client.cli import render_reconcile, render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
@@ -87,3 +89,17 @@ def test_plain_text_and_backslashes_read_as_before() -> None:
     )
     row = render_reconcile("ses_a", report).splitlines()[-1]
     assert row.split() == ["wrk_1", "unknown", "sh", "echo", '"a\\\\b"']
+
+
+def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
+    """U+202E turns the rest of a line around on the screen ("gnp.exe" reads "exe.png")."""
+    tricky = "a\u202egnp.exe\u2066b\u2028c\u2029d\u200fe"
+    process = SessionProcess(kind="exec", pid=4242, started_at=0, command=tricky)
+    shown = render_sessions(
+        msgspec.structs.replace(
+            snapshot(), sessions=[Session(session_id="ses_b", context_id=None, processes=[process])]
+        ),
+        now_s=10.0,
+    )
+    [row] = [line for line in shown.splitlines() if "4242" in line]
+    assert row.endswith("a\\u202egnp.exe\\u2066b\\u2028c\\u2029d\\u200fe"), row

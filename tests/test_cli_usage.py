@@ -26,3 +26,14 @@ def test_a_positive_timeout_is_accepted(capsys: pytest.CaptureFixture[str]) -> N
 def test_an_empty_socket_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ping", "--socket", ""]) == 2
     assert "must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-inf", "3601", "1e9", "0", "-1", "soon"])
+def test_a_top_interval_that_is_not_a_positive_number_up_to_an_hour_is_a_usage_error(
+    interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Checked before connecting: nothing listens on this socket.
+    argv = ["--socket", "/nonexistent/capsuled.sock", "top", "--interval", interval]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--interval" in err and "Traceback" not in err

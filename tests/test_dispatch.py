@@ -135,3 +135,36 @@ async def test_a_small_result_is_one_part() -> None:
     dispatcher = Dispatcher(METHODS)
     parts = await dispatcher.answer_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
     assert parts == (b'{"jsonrpc":"2.0","id":1,"result":{"pong":true}}',)
+
+
+async def test_a_batch_stops_running_requests_once_its_replies_pass_the_cap() -> None:
+    """A 1 MiB batch of snapshot requests must not make the daemon build gigabytes."""
+    from capsuled.jsonrpc import BATCH_REPLY_MAX_BYTES
+
+    encoded = msgspec.Raw(b'"' + b"x" * (1 << 20) + b'"')
+    ran: list[int] = []
+
+    async def big(params: NoParams) -> msgspec.Raw:
+        ran.append(1)
+        return encoded
+
+    async def note(params: NoParams) -> None:
+        ran.append(0)
+
+    dispatcher = Dispatcher({"big": Method(NoParams, big), "note": Method(NoParams, note)})
+    count = 2 * BATCH_REPLY_MAX_BYTES // len(encoded)
+    items = [{"jsonrpc": "2.0", "id": i, "method": "big"} for i in range(count)]
+    items.append({"jsonrpc": "2.0", "method": "note"})
+    reply = await dispatcher.handle_line(json.dumps(items).encode())
+
+    assert reply is not None
+    assert len(reply) < BATCH_REPLY_MAX_BYTES + 2 * len(encoded)
+    replies = json.loads(reply)
+    assert [r["id"] for r in replies] == list(range(count)), "every request is answered, in order"
+    answered = [r for r in replies if "result" in r]
+    refused = [r for r in replies if "error" in r]
+    assert answered and refused and replies == answered + refused
+    assert {r["error"]["code"] for r in refused} == {-32002}
+    assert "batch" in refused[0]["error"]["message"]
+    assert ran.count(1) == len(answered), "a refused request is not run"
+    assert ran[-1] == 0, "notifications still run: they add nothing to the reply"

@@ -508,3 +508,14 @@ def test_the_message_for_a_detach_time_never_recorded_says_so() -> None:
     assert "1 background shell command " in message
     assert "wrk_x" in message
     assert "not recorded" in message
+
+
+def test_a_work_id_or_session_with_a_line_break_cannot_forge_a_line_of_the_message() -> None:
+    forged = 'wrk_a\n- wrk_b: binary "/bin/rm", command "rm -rf ~"'
+    message = lost_message("ses_p\u2028rior", [LostWork(forged, "sh", "a\u2028b\x85c", 0)])
+
+    assert len(message.splitlines()) == 2, message
+    assert '"a\\u2028b\\u0085c"' in message
+    assert '"wrk_a\\n- wrk_b' in message, "an id that is not printable is quoted as JSON"
+    assert '"ses_p\\u2028rior"' in message
+    assert "- wrk_x: " in lost_message("ses_prior", [LostWork("wrk_x", "", "", 0)])

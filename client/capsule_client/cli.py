@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -24,7 +25,15 @@ import msgspec
 from . import _core
 from ._client import Client
 from ._core import DEFAULT_TIMEOUT_S
-from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError, SubscriptionDropped
+from ._exceptions import (
+    CapsuleError,
+    ConnectionLost,
+    DaemonNotRunning,
+    RemoteError,
+    RequestTimeout,
+    ShuttingDown,
+    SubscriptionDropped,
+)
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -162,17 +171,22 @@ def _detach_time(detached_at_ms: int) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-#: Characters a terminal would act on: C0, DEL, C1.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: Characters a terminal would act on (C0, DEL, C1), Unicode line and
+#: paragraph separators, and the bidi marks, embeddings, overrides and
+#: isolates (U+200E-200F, U+202A-202E, U+2066-2069), which rearrange how the
+#: rest of a line reads on screen.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 _NAMED_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escape(match: re.Match[str]) -> str:
-    return _NAMED_ESCAPES.get(match[0], f"\\x{ord(match[0]):02x}")
+    code = ord(match[0])
+    return _NAMED_ESCAPES.get(match[0], f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
 
 
 def _inert(text: str) -> str:
-    """``text`` with control characters spelt as escapes, so it is one inert line.
+    """``text`` with control characters (and bidi and line-separator ones) spelt as
+    escapes, so it is one inert line.
 
     Commands, binaries and file names come from receipts and traces, which a
     model's output can reach; printed raw, an escape sequence would act on
@@ -270,22 +284,71 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
     return "\n".join(lines)
 
 
+#: Seconds between two attempts to reach a daemon that went away under ``watch``.
+WATCH_RECONNECT_INTERVAL_S: Final = 0.2
+
+
 def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """``capsulectl watch``: print every change until interrupted.
+
+    A daemon that goes away after the first answer (a restart, an upgrade)
+    does not end the watch: it reconnects, and the new subscription starts
+    with the whole answer again (``full``). A daemon that is not there at the
+    start ends it with exit status 3, as for every other command.
+    """
     printer = ChangePrinter(json_lines=args.json)
+    answered = False
     try:
         while True:
             try:
                 for change in client.subscribe():
+                    answered = True
                     out.write(printer.render(change))
                     out.flush()
             except SubscriptionDropped as exc:
                 # The next subscription starts with the whole answer again.
                 print(f"capsulectl: {exc}; subscribing again", file=sys.stderr)
+            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
+                if not answered:
+                    raise
+                print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
+                _wait_for_daemon(client)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:  # `capsulectl watch | head`
         _quiet_stdout(out)
         return EXIT_OK
+
+
+def _wait_for_daemon(client: Client) -> None:
+    """Ping until a daemon answers on the client's socket (for ever: Ctrl-C ends it)."""
+    while True:
+        try:
+            client.ping()
+            return
+        except (ConnectionLost, DaemonNotRunning, RequestTimeout, ShuttingDown):
+            time.sleep(WATCH_RECONNECT_INTERVAL_S)
+
+
+def _lock_path(socket_path: Path) -> Path:
+    """The daemon's lock file beside its socket (``<socket>.lock``, docs/service.md)."""
+    return socket_path.with_name(socket_path.name + ".lock")
+
+
+def _lock_holder(socket_path: Path) -> int | None:
+    """The pid a daemon wrote in its lock file, if a process with that pid runs.
+
+    A daemon empties the file when it stops cleanly; one killed leaves its pid,
+    which another process may have taken since: callers say "if it is capsuled".
+    """
+    try:
+        pid = int(_lock_path(socket_path).read_text(encoding="ascii").strip())
+        if pid <= 0:
+            return None
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
 
 
 def _quiet_stdout(out: TextIO) -> None:
@@ -362,10 +425,16 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             out.flush()
             if args.once:
                 return EXIT_OK
-            # Wakes at once when the answer changes, else after the interval.
-            snapshot = client.snapshot(
-                usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
-            )
+            try:
+                # Wakes at once when the answer changes, else after the interval.
+                snapshot = client.snapshot(
+                    usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
+                )
+            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
+                # A restart: the new daemon's generations count from 1 again.
+                print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
+                _wait_for_daemon(client)
+                snapshot = client.snapshot(usage=True)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:
@@ -473,9 +542,10 @@ def _top_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
         metavar="S",
-        type=float,
+        type=_interval_s,
         default=2.0,
-        help="seconds between two refreshes; a change of the answer refreshes at once (default: 2)",
+        help="seconds between two refreshes, at most 3600; a change of the answer refreshes "
+        "at once (default: 2)",
     )
     parser.add_argument(
         "--once",
@@ -499,6 +569,20 @@ def _timeout_s(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+#: The longest ``top --interval``: the daemon's longest long poll (``timeout_ms``).
+TOP_INTERVAL_MAX_S: Final = 3600.0
+
+
+def _interval_s(text: str) -> float:
+    """``top --interval``: positive seconds, at most an hour (else a usage error, exit 2)."""
+    value = _timeout_s(text)
+    if value > TOP_INTERVAL_MAX_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {TOP_INTERVAL_MAX_S:g} seconds, not {text!r}"
+        )
     return value
 
 
@@ -566,8 +650,24 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     command, _ = COMMANDS[args.command]
     try:
         with Client(options["socket"], timeout_s=options["timeout"]) as client:
-            return command(client, args, out)
+            code = command(client, args, out)
+            out.flush()  # a closed pipe is noticed here, not at the exit's flush
+            return code
+    except BrokenPipeError:  # `capsulectl sessions --json | head -c 100`: the reader left
+        _quiet_stdout(out)
+        return EXIT_OK
     except DaemonNotRunning as exc:
+        holder = _lock_holder(exc.socket_path)
+        if holder is not None:
+            print(
+                f"capsulectl: nothing accepts connections on {exc.socket_path} ({exc.reason}), "
+                f"but pid {holder}, named in {_lock_path(exc.socket_path)}, still runs.\n"
+                "If it is capsuled, its socket was removed (a clean-up of /tmp?), and a new "
+                f"capsuled would refuse to start beside it: stop it (`kill {holder}`), then "
+                "start capsuled again.",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_RUNNING
         print(
             f"capsulectl: capsuled is not running: nothing accepts connections on "
             f"{exc.socket_path} ({exc.reason}).\n"

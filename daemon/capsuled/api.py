@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import msgspec
@@ -47,11 +48,22 @@ __all__ = ["Api"]
 log = structlog.get_logger("capsuled.api")
 
 
+#: Reconciles that may hold a worker thread at once. A reconcile may wait up
+#: to 10 s in its thread for a trace another process holds locked; without a
+#: bound of their own, a burst of them took every thread of anyio's default
+#: pool (40) and observations waited for one.
+RECONCILE_THREADS: Final = 4
+
+
 class Api:
     """Handlers bound to one :class:`~capsuled.supervisor.Daemon`."""
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self._reconcile_limiter = anyio.CapacityLimiter(RECONCILE_THREADS)
+        # from_session -> (lock, holders and waiters): one reconcile per trace
+        # at a time in this daemon, the others waiting without a thread.
+        self._trace_turns: dict[str, tuple[anyio.Lock, int]] = {}
 
     def methods(self) -> Mapping[str, Method]:
         """Method name → params type and handler, for the methods served now."""
@@ -153,20 +165,28 @@ class Api:
         a reconcile is not abandoned on cancellation: its markers and its
         report belong together.
 
+        Reconciles of one trace take turns in the daemon (the trace's ``flock``
+        still orders them with other processes), and at most
+        ``RECONCILE_THREADS`` run at once, so reconciles waiting for a trace
+        that another process holds locked never take the worker threads
+        that observations need.
+
         Returns:
             The report, or ``None`` when nothing is lost.
         """
         try:
-            report = await anyio.to_thread.run_sync(
-                functools.partial(
-                    reconcile,
-                    records_root(self.daemon.config.home),
-                    params.from_session,
-                    params.this_session,
-                    params.context_id,
-                    cancelled=self._shutting_down,
+            async with self._trace_turn(params.from_session):
+                report = await anyio.to_thread.run_sync(
+                    functools.partial(
+                        reconcile,
+                        records_root(self.daemon.config.home),
+                        params.from_session,
+                        params.this_session,
+                        params.context_id,
+                        cancelled=self._shutting_down,
+                    ),
+                    limiter=self._reconcile_limiter,
                 )
-            )
         except InternalError as exc:
             # An expected failure (unreadable trace, failed append): a warning with its cause.
             log.warning(
@@ -187,6 +207,21 @@ class Api:
                 trust=report.provenance.trust,
             )
         return report
+
+    @asynccontextmanager
+    async def _trace_turn(self, from_session: str) -> AsyncIterator[None]:
+        """Hold ``from_session``'s turn: one reconcile of a trace at a time here."""
+        lock, users = self._trace_turns.get(from_session, (anyio.Lock(), 0))
+        self._trace_turns[from_session] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._trace_turns[from_session]
+            if users == 1:
+                del self._trace_turns[from_session]
+            else:
+                self._trace_turns[from_session] = (lock, users - 1)
 
 
 def _connection() -> Connection:

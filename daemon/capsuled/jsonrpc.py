@@ -21,6 +21,9 @@ codes of https://www.jsonrpc.org/specification:
   error; ``"id": null`` is a request and is answered;
 * a batch is answered by an array of the non-notification replies in request
   order; an empty batch gets one -32600; a batch of notifications gets none.
+  Once the replies of a batch pass ``BATCH_REPLY_MAX_BYTES``, its remaining
+  requests are not run and are answered -32002 (a 1 MiB batch of snapshot
+  requests would otherwise build a reply of gigabytes);
 
 The JSON-RPC envelope is one of the two pieces of plumbing the project writes
 itself instead of taking a library (SPEC §7 and LIBRARY-FACTS.md say why).
@@ -47,6 +50,7 @@ from capsule_client.protocol import (
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     Envelope,
+    ErrorCode,
     ErrorObject,
     ErrorResponse,
     SuccessResponse,
@@ -54,7 +58,15 @@ from capsule_client.protocol import (
 
 from .errors import RpcError, ShuttingDown
 
-__all__ = ["SPLICE_MIN_BYTES", "Dispatcher", "Handler", "Method", "ReplyParts", "encode_error"]
+__all__ = [
+    "BATCH_REPLY_MAX_BYTES",
+    "SPLICE_MIN_BYTES",
+    "Dispatcher",
+    "Handler",
+    "Method",
+    "ReplyParts",
+    "encode_error",
+]
 
 log = structlog.get_logger("capsuled.rpc")
 
@@ -83,6 +95,17 @@ _json: Final = msgspec.json.Decoder(Raw)  # checks that a text is JSON, keeps no
 SPLICE_MIN_BYTES: Final = 64 * 1024
 _PLACEHOLDER: Final = Raw(b"0")
 _PLACEHOLDER_TAIL: Final = b"0}"
+
+#: Replies a batch may gather before its remaining requests are refused (-32002).
+#: The reply that passes it is still sent whole, so a batch always gets at least
+#: one answer, however large: one snapshot of 100,000 processes is 16 MB.
+BATCH_REPLY_MAX_BYTES: Final = 16 * 1024 * 1024
+#: What an error reply is counted as against the cap (its message is bounded).
+_ERROR_REPLY_BYTES: Final = 512
+_BATCH_FULL: Final = (
+    f"overloaded: the batch's replies passed {BATCH_REPLY_MAX_BYTES} bytes; "
+    "this request was not run: send fewer requests per batch"
+)
 
 #: One reply line in parts (without its newline): send them in order.
 ReplyParts = tuple[bytes | memoryview, ...]
@@ -201,15 +224,22 @@ class Dispatcher:
         if not items:
             return encode_error(INVALID_REQUEST, "invalid request: empty batch")
         replies: list[SuccessResponse | ErrorResponse] = []
+        reply_bytes = 0
         for item in items:
             try:
                 envelope = _envelope.decode(item)
             except (msgspec.DecodeError, RecursionError):
                 replies.append(_error(None, INVALID_REQUEST, "invalid request: not an object"))
                 continue
+            if reply_bytes > BATCH_REPLY_MAX_BYTES and envelope.id is not UNSET:
+                id = envelope.id if _valid_id(envelope.id) else None
+                replies.append(_error(id, ErrorCode.OVERLOADED, _BATCH_FULL))
+                continue
             reply = await self._handle_one(envelope)
             if reply is not None:
                 replies.append(reply)
+                result = reply.result if isinstance(reply, SuccessResponse) else None
+                reply_bytes += len(result) if isinstance(result, Raw) else _ERROR_REPLY_BYTES
         return _encoder.encode(replies) if replies else None
 
     async def _handle_one(self, envelope: Envelope) -> SuccessResponse | ErrorResponse | None:

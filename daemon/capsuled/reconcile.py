@@ -313,27 +313,45 @@ def _detach_time(detached_at_ms: int) -> str:
     )
 
 
+#: Line breaks that JSON may leave unescaped (msgspec does) but ``str.splitlines``
+#: and many renderers break lines at.
+_UNESCAPED_LINE_BREAKS: Final = str.maketrans(
+    {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a JSON string on one line: every line break escaped."""
+    return msgspec.json.encode(text).decode().translate(_UNESCAPED_LINE_BREAKS)
+
+
+def _named(text: str) -> str:
+    """An id as it is when printable, else quoted, so that it cannot start a line."""
+    return text if text.isprintable() else _quoted(text)
+
+
 def lost_message(started_in_session: str, lost: Sequence[LostWork]) -> str:
     """The report's text for the agent (SPEC §6).
 
     It names every lost work's id, binary, command (binary and command as JSON
-    strings, so a newline in them cannot break the layout) and detach time,
+    strings, and the session and work ids too when they are not printable, so
+    that a line break in them cannot break the layout or forge a line) and
+    detach time,
     and it does not begin with "Background shell command finished.": this is
     a loss, not a completion.
     """
     count = len(lost)
     noun = "command" if count == 1 else "commands"
     head = (
-        f"Lost background work: session {started_in_session} detached {count} background "
+        f"Lost background work: session {_named(started_in_session)} detached {count} background "
         f"shell {noun} that never reported an outcome (no completion or abandonment was "
         "recorded), so whether each finished, failed or is still running is unknown. "
         "Each is now marked lost in that session's trace, so a later resume will not "
         "report it again."
     )
-    encode = msgspec.json.encode
     items = [
-        f"- {work.work_id}: binary {encode(work.binary).decode()}, "
-        f"command {encode(work.command).decode()}, detached {_detach_time(work.detached_at_ms)}"
+        f"- {_named(work.work_id)}: binary {_quoted(work.binary)}, "
+        f"command {_quoted(work.command)}, detached {_detach_time(work.detached_at_ms)}"
         for work in lost
     ]
     return "\n".join([head, *items])

@@ -213,3 +213,30 @@ def test_a_file_at_the_socket_path_is_refused_and_kept(short_dir: Path) -> None:
     assert daemon.process.wait(timeout=30) == 1
     assert sock.read_text() == "not a socket"
     assert "refusing to replace" in daemon.logs()
+
+
+@pytest.mark.parametrize("command", [["status", "--json"], ["sessions"], ["ping"]])
+def test_capsulectl_into_a_closed_pipe_exits_quietly(
+    daemon: DaemonProcess, command: list[str]
+) -> None:
+    """`capsulectl sessions --json | head -c 100`: no traceback when the reader leaves."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed:
+        argv = [sys.executable, "-m", "capsule_client.cli", "--socket", str(daemon.socket_path)]
+        proc = subprocess.run(
+            [*argv, *command], stdout=closed, stderr=subprocess.PIPE, timeout=30, check=False
+        )
+    assert proc.returncode == 0
+    assert proc.stderr == b""
+
+
+def test_capsulectl_names_a_running_daemon_whose_socket_was_removed(
+    daemon: DaemonProcess,
+) -> None:
+    """A tmp cleaner removed the socket: `capsuled` would refuse to start, so say who holds it."""
+    daemon.socket_path.unlink()
+    proc = run_capsulectl("ping", "--socket", str(daemon.socket_path))
+    assert proc.returncode == 3
+    assert f"pid {daemon.pid}" in proc.stderr and "socket was removed" in proc.stderr
+    assert "Traceback" not in proc.stderr

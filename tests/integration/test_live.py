@@ -432,3 +432,62 @@ def test_a_connection_may_hold_a_bounded_number_of_subscriptions(
             pass
         assert message["error"]["code"] == -32602  # type: ignore[index]
         assert message["error"]["data"]["param"] == "since"  # type: ignore[index]
+
+
+def test_capsulectl_watch_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "capsule_client.cli",
+        "--socket",
+        str(quiet_daemon.socket_path),
+        "watch",
+        "--json",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
+        try:
+            assert watch.stdout is not None and watch.stderr is not None
+            first = json.loads(watch.stdout.readline())
+            assert first["full"] is True
+            assert quiet_daemon.stop(signal.SIGTERM) == 0
+            quiet_daemon.start()
+            # The watch reconnects and starts over with the whole answer.
+            again = json.loads(watch.stdout.readline())
+            assert again["full"] is True and again["subscription"] != first["subscription"]
+            assert watch.poll() is None
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=DEADLINE_S) == 0
+            assert b"reconnecting" in watch.stderr.read()
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+
+
+def test_capsulectl_top_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "capsule_client.cli",
+        "--socket",
+        str(quiet_daemon.socket_path),
+        "top",
+        "--json",
+        "--interval",
+        "0.2",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as top:
+        try:
+            assert top.stdout is not None and top.stderr is not None
+            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            assert quiet_daemon.stop(signal.SIGTERM) == 0
+            quiet_daemon.start()
+            wait_until(
+                lambda: b"reconnecting" in top.stderr.read1(), message="top to say it reconnects"
+            )
+            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            assert top.poll() is None
+            top.send_signal(signal.SIGINT)
+            assert top.wait(timeout=DEADLINE_S) == 0
+        finally:
+            if top.poll() is None:
+                top.kill()
