@@ -302,6 +302,45 @@ async def test_a_failing_watch_is_restarted_with_a_rescan(home: Path, mode: str)
     assert watcher.mode == mode
 
 
+async def test_a_native_watch_that_keeps_failing_falls_back_to_polling(home: Path) -> None:
+    """A run directory named in bytes that are not UTF-8, read again and again as
+    the reader's walks read it: each read fails the native watch (docs/watcher.md)."""
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    watcher = watcher_for(home, feed, "native")
+    bad = os.fsencode(home / "runs") + b"/run_\xfe"
+    stop_reading = anyio.Event()
+
+    async def read_like_the_walks() -> None:
+        while not stop_reading.is_set():
+            os.listdir(bad)
+            with anyio.move_on_after(0.05):
+                await stop_reading.wait()
+
+    async with running(watcher), anyio.create_task_group() as tg:
+        os.mkdir(bad, 0o700)
+        tg.start_soon(read_like_the_walks)
+        await eventually(seen, lambda: watcher.mode == "polling", "the fall back to polling")
+        stop_reading.set()
+        # A write racing the poller's first walk is covered by the rescan every
+        # restart owes, not by an event: write until one is reported.
+        written: list[Path] = []
+        last_write = 0.0
+
+        def write_and_check() -> bool:
+            nonlocal last_write
+            if any(path in seen.paths for path in written):
+                return True
+            if time.monotonic() - last_write >= 0.3:
+                written.append(home / "runtime" / "exec-processes" / f"after{len(written)}.json")
+                write_atomically(written[-1])
+                last_write = time.monotonic()
+            return False
+
+        await eventually(seen, write_and_check, "a write reported while polling")
+    assert watcher.mode == "polling"
+
+
 async def test_missing_home_is_waited_for(tmp_path: Path) -> None:
     feed = ChangeFeed()
     seen = Seen(feed)

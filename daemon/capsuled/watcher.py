@@ -60,6 +60,9 @@ _STORE_FILES: Final = (("capsule.db",), ("capsule.db-wal",))
 #: consecutive failure up to the maximum.
 _RESTART_DELAY_S: Final = 0.1
 _RESTART_DELAY_MAX_S: Final = 5.0
+#: A native watch that fails this many times in a row without one good batch
+#: is given up for polling (a name it cannot decode, read again by every walk).
+NATIVE_FAILURES_BEFORE_POLLING: Final = 3
 
 #: Why a native watch could not start: the watch limit (``OSError``), no inotify
 #: instance left or no native backend (``WatchfilesRustInternalError``).
@@ -344,6 +347,8 @@ class HomeWatcher:
                 )
             except (OSError, WatchfilesRustInternalError) as exc:
                 await self._back_off("watch failed", exc)
+                if self.mode == "native" and self._failures >= NATIVE_FAILURES_BEFORE_POLLING:
+                    self._give_up_native(exc)
                 raise _Restart from exc
             if batch is None:
                 # Only cancellation sets ``stop``: let it through.
@@ -415,6 +420,26 @@ class HomeWatcher:
         if batch.lost:
             log.warning("home deleted; restarting the watch", home=str(self.home))
         return batch
+
+    def _give_up_native(self, exc: BaseException) -> None:
+        """Poll from now on: the native watch keeps failing at run time.
+
+        One known cause: a name under the home that is not UTF-8 in a place
+        the reader reads (a run directory, a receipt). Each walk opens it, an
+        open is an inotify event, and watchfiles fails to decode the event's
+        path, so every restarted watch fails at the walk that follows it, and
+        changes would be seen only at those restarts. The poller fails on
+        such a name only when something below it changes.
+        """
+        self.mode = "polling"
+        self._failures = 0
+        log.warning(
+            "native watch keeps failing; falling back to polling",
+            home=str(self.home),
+            failures=NATIVE_FAILURES_BEFORE_POLLING,
+            cause=str(exc),
+            poll_delay_ms=self._poll_delay_ms,
+        )
 
     async def _back_off(self, what: str, exc: BaseException) -> None:
         delay_s = min(_RESTART_DELAY_MAX_S, _RESTART_DELAY_S * 2**self._failures)
