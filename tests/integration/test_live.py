@@ -313,20 +313,18 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def _watch_command(socket_path: Path) -> list[str]:
+    """``capsulectl watch --json`` on ``socket_path``, as a child process runs it."""
+    cli = [sys.executable, "-m", "capsule_client.cli"]
+    return [*cli, "--socket", str(socket_path), "watch", "--json"]
+
+
 def test_capsulectl_watch_prints_changes_and_exits_quietly_on_ctrl_c(
     quiet_daemon: DaemonProcess, pool: Sleepers
 ) -> None:
     home = quiet_daemon.home
     process = pool.start()
-    command = [
-        sys.executable,
-        "-m",
-        "capsule_client.cli",
-        "--socket",
-        str(quiet_daemon.socket_path),
-        "watch",
-        "--json",
-    ]
+    command = _watch_command(quiet_daemon.socket_path)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
         try:
             assert watch.stdout is not None and watch.stderr is not None
@@ -435,15 +433,7 @@ def test_a_connection_may_hold_a_bounded_number_of_subscriptions(
 
 
 def test_capsulectl_watch_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "capsule_client.cli",
-        "--socket",
-        str(quiet_daemon.socket_path),
-        "watch",
-        "--json",
-    ]
+    command = _watch_command(quiet_daemon.socket_path)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
         try:
             assert watch.stdout is not None and watch.stderr is not None
