@@ -87,6 +87,7 @@ from .reader import (
     Generations,
     Observation,
     ObservationCancelled,
+    run_base,
 )
 
 __all__ = ["NO_WATCHER_NOTE", "Discovery"]
@@ -247,7 +248,7 @@ class Discovery:
         self.first_observation = anyio.Event()
         self._requested_home = home
         self._cancel = threading.Event()
-        self._generations = Generations()
+        self._generations = Generations(run_base())
         self._reader = self._new_reader()
         self._latest: ActiveSessionsSnapshot | None = None
         self._encoded: _Encoded | None = None

@@ -95,6 +95,7 @@ __all__ = [
     "Generations",
     "Observation",
     "ObservationCancelled",
+    "run_base",
 ]
 
 #: Bounds on unresolved paths; past either, the observation fails (SPEC §5).
@@ -398,6 +399,18 @@ class Observation:
     watched: Mapping[int, float] | None = None
 
 
+def run_base() -> int:
+    """Where a run of the daemon starts counting generations: microseconds since the epoch.
+
+    A later run starts above any number an earlier run reached, unless that
+    run saw more than one change per microsecond of its life or the clock
+    was set back by more than the time between the two starts. The numbers
+    stay below 2**53, so JSON clients that read them as doubles keep them
+    exact (until the year 2255).
+    """
+    return time.time_ns() // 1000
+
+
 class Generations:
     """Numbers successive answers: one more each time the answer differs (SPEC §7).
 
@@ -412,16 +425,22 @@ class Generations:
     answer. Counting it would move the generation twice across a write that
     changed nothing (``scanning``, then the same ``ready`` answer again), and
     long polls and subscriptions would wake for nothing.
+
+    Args:
+        base: the count before the first answer (which gets ``base + 1``).
+            The daemon starts each run above the previous runs' numbers
+            (:func:`run_base`), so that a generation a client kept from an
+            earlier run never names an answer of this one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, base: int = 0) -> None:
         self._lock = threading.Lock()
-        self._generation = 0
+        self._generation = base
         self._previous: tuple[object, ...] | None = None
 
     @property
     def current(self) -> int:
-        """The generation of the latest answer stamped; 0 before the first."""
+        """The generation of the latest answer stamped; ``base`` before the first."""
         with self._lock:
             return self._generation
 

@@ -139,6 +139,22 @@ def test_sigterm_stops_cleanly_and_removes_the_socket(daemon: DaemonProcess) -> 
     assert "capsuled ready" in events and events[-1] == "capsuled stopped"
 
 
+def test_a_restarted_daemon_numbers_its_answers_above_the_last_run(
+    daemon: DaemonProcess,
+) -> None:
+    """A generation kept from an earlier run never names an answer of this one
+    (docs/protocol.md, "Generations and long polls")."""
+    with Client(daemon.socket_path) as client:
+        before = client.snapshot().generation
+    assert daemon.stop(signal.SIGTERM) == 0
+    daemon.start()
+    with Client(daemon.socket_path) as client:
+        after = client.snapshot().generation
+        # A long poll with the old generation answers at once.
+        assert client.snapshot(since=before, timeout_ms=5000).generation == after
+    assert after > before
+
+
 def test_sigint_stops_cleanly(daemon: DaemonProcess) -> None:
     assert daemon.stop(signal.SIGINT) == 0
     assert not daemon.socket_path.exists()
