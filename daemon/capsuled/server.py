@@ -242,7 +242,8 @@ class _LineReader:
     event loop API: the daemon runs on anyio's asyncio backend.
 
     Reading pauses while more than ``_PAUSE_BYTES`` wait unread (a peer that
-    sends faster than it is answered), and resumes as lines are taken. So
+    sends faster than it is answered), and resumes once lines are taken down
+    to ``_RESUME_BYTES``, or when no whole line is left to take. So
     that a peer pipelining requests cannot hold the event loop, the task
     yields after every ``_YIELD_EVERY`` lines it took without waiting.
     """
@@ -350,6 +351,9 @@ class _LineReader:
                 buffer.clear()
                 return line
             assert self._loop is not None, "start() first"
+            # No whole line is buffered: more must come, paused or not (the
+            # start of a long line may be what is left after a burst).
+            self._resume()
             self._waiter = self._loop.create_future()
             self._unwaited = 0
             try:
