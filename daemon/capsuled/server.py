@@ -95,6 +95,8 @@ class Connection:
 
     def replied(self) -> None:
         """The current request's reply went out (or none was owed): run the callbacks."""
+        if not self._after_reply:
+            return  # nearly every request: nothing to run, nothing to allocate
         callbacks, self._after_reply = self._after_reply, []
         for callback in callbacks:
             callback()
