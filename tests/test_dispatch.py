@@ -13,7 +13,7 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Method
+from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
 from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
@@ -168,3 +168,25 @@ async def test_a_batch_stops_running_requests_once_its_replies_pass_the_cap() ->
     assert "batch" in refused[0]["error"]["message"]
     assert ran.count(1) == len(answered), "a refused request is not run"
     assert ran[-1] == 0, "notifications still run: they add nothing to the reply"
+
+
+@pytest.mark.parametrize("size", [10, 200_000])
+async def test_a_result_encoded_in_parts_is_sent_as_one_json_text(size: int) -> None:
+    """Large: the parts go out as they are; small: joined. A batch joins them too."""
+    parts = (b'{"items":[', b'"' + b"x" * size + b'"', b',"y"', b"]}")
+
+    async def parted(params: NoParams) -> Encoded:
+        return Encoded(parts)
+
+    dispatcher = Dispatcher({"parted": Method(NoParams, parted)})
+    line = b'{"jsonrpc":"2.0","id":7,"method":"parted"}'
+    expected = {"jsonrpc": "2.0", "id": 7, "result": {"items": ["x" * size, "y"]}}
+    reply = await dispatcher.answer_line(line)
+    assert reply is not None
+    assert json.loads(b"".join(reply)) == expected
+    if size >= SPLICE_MIN_BYTES:
+        assert any(part is parts[1] for part in reply)  # sent from its own buffer
+    else:
+        assert len(reply) == 1
+    batch = await dispatcher.handle_line(b"[" + line + b"," + line + b"]")
+    assert batch is not None and json.loads(batch) == [expected, expected]

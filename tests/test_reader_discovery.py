@@ -239,8 +239,8 @@ async def test_snapshot_json_is_the_snapshot_encoded_once(tmp_path: Path, pool: 
     world.exec_receipt("exe_1", process.pid)
     world.exec_receipt("exe_2", process.pid)
     async with running(Discovery(world.home, sample_interval_s=30)) as discovery:
-        data = await discovery.snapshot_json(SnapshotParams(task="t", max_age_ms=0))
-        decoded = msgspec.json.decode(data, type=ActiveSessionsSnapshot)
+        parts = await discovery.snapshot_json(SnapshotParams(task="t", max_age_ms=0))
+        decoded = msgspec.json.decode(b"".join(parts), type=ActiveSessionsSnapshot)
         assert decoded.home == str(world.home)
         assert decoded.task == "t"
         assert pids(decoded) == {
@@ -249,14 +249,29 @@ async def test_snapshot_json_is_the_snapshot_encoded_once(tmp_path: Path, pool: 
         }
         assert decoded == msgspec.structs.replace(discovery.latest, task="t")
 
-        assert await discovery.snapshot_json(SnapshotParams(task="t")) is data  # kept
+        assert await discovery.snapshot_json(SnapshotParams(task="t")) is parts  # kept
         untasked = await discovery.snapshot_json(SnapshotParams())
-        assert msgspec.json.decode(untasked, type=ActiveSessionsSnapshot) == (
+        assert msgspec.json.decode(b"".join(untasked), type=ActiveSessionsSnapshot) == (
             msgspec.structs.replace(decoded, task=None)
         )
 
         newer = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
-        renewed = msgspec.json.decode(newer, type=ActiveSessionsSnapshot)
+        renewed = msgspec.json.decode(b"".join(newer), type=ActiveSessionsSnapshot)
         assert renewed == discovery.latest
         assert renewed.sessions == decoded.sessions
         assert renewed.generation == decoded.generation
+
+
+async def test_a_new_answer_with_the_same_lists_shares_their_encoding(world: World) -> None:
+    """While a watcher runs, an observation that found nothing new keeps the lists
+    (the reader hands back the same objects): only the rest is encoded again."""
+    process = world.pool.start()
+    world.exec_receipt("exe_1", process.pid)
+    discovery = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    async with running(discovery):
+        first = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
+        again = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
+    assert again is not first  # a new observation: a new observed_at and cost
+    assert again[1] is first[1] and again[3] is first[3]  # sessions, unowned
+    decoded = msgspec.json.decode(b"".join(again), type=ActiveSessionsSnapshot)
+    assert pids(decoded) == {"unowned": [("exec", process.pid)]}

@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
 
 import anyio
-import msgspec
 import structlog
 
 from capsule_client.paths import records_root
@@ -36,7 +35,7 @@ from capsule_client.protocol import (
 
 from . import __version__
 from .errors import InternalError
-from .jsonrpc import Handler, Method
+from .jsonrpc import Encoded, Handler, Method
 from .reconcile import reconcile
 from .server import Connection, current_connection
 
@@ -104,7 +103,7 @@ class Api:
             pidfds=daemon.sessions.exits.held,
         )
 
-    async def sessions_snapshot(self, params: SnapshotParams) -> msgspec.Raw:
+    async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:
         """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
 
         An ``unavailable`` observation is answered as a snapshot (not an
@@ -119,13 +118,13 @@ class Api:
         if connection is None or self.daemon.sessions.answers_at_once(params):
             # Nothing to wait for: watching for the peer to leave would cost more
             # than the answer (a task, and a cancellation whose message formats it).
-            return msgspec.Raw(await self.daemon.sessions.snapshot_json(params))
+            return Encoded(await self.daemon.sessions.snapshot_json(params))
         # It may wait (an observation, or a long poll for a change): a client
         # that left must not hold its slot.
         encoded = await connection.unless_peer_leaves(
             lambda: self.daemon.sessions.snapshot_json(params)
         )
-        return msgspec.Raw(encoded)
+        return Encoded(encoded)
 
     async def sessions_subscribe(self, params: SubscribeParams) -> SubscribeResult:
         """``sessions.subscribe`` (SPEC §7): ``sessions.changed`` notifications on this connection.

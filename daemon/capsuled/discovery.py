@@ -42,11 +42,12 @@ observation reads only the paths it reported and checks no other receipt
 cost of a walk each time.
 
 **Encoded once.** :meth:`Discovery.snapshot_json` answers with the reply's
-bytes: the latest answer is encoded once per observation and ``task``, and
-its two long lists (``sessions``, ``unowned``) once per change of either
-(the reader hands back the same list objects while nothing changed), so a
-request answered from the latest observation costs a copy and a socket
-write, not an encoding.
+JSON in parts: the latest answer is encoded once per observation and
+``task``, and its two long lists (``sessions``, ``unowned``) once per change
+of either (the reader hands back the same list objects while nothing
+changed), each in its own buffer that the parts refer to. A request answered
+from the latest observation costs a socket write, not an encoding or a copy;
+a new observation whose lists did not change costs a small re-encoding.
 """
 
 from __future__ import annotations
@@ -106,13 +107,14 @@ _UNOWNED_KEY: Final = b',"unowned":'
 
 @dataclass(frozen=True, slots=True)
 class _Encoded:
-    """A snapshot's JSON bytes, and where its ``sessions`` and ``unowned`` lie in them."""
+    """A snapshot's JSON text in parts: the lists ``sessions`` and ``unowned``
+    encoded on their own (reused while the lists are), the rest around them."""
 
     answer: ActiveSessionsSnapshot
     task: str | None
-    data: bytes
-    sessions: memoryview
-    unowned: memoryview
+    parts: tuple[bytes, ...]
+    sessions: bytes
+    unowned: bytes
 
 
 def _encode(
@@ -126,8 +128,8 @@ def _encode(
     ):
         sessions, unowned = previous.sessions, previous.unowned
     else:
-        sessions = memoryview(_encoder.encode(answer.sessions))
-        unowned = memoryview(_encoder.encode(answer.unowned))
+        sessions = _encoder.encode(answer.sessions)
+        unowned = _encoder.encode(answer.unowned)
     placeholder = msgspec.Raw(b"0")
     rest = msgspec.structs.replace(
         answer,
@@ -137,26 +139,14 @@ def _encode(
     )
     head = _encoder.encode(rest)
     at = head.index(_PLACEHOLDERS)  # the keys come after strings, which escape '"'
-    data = b"".join(
-        (
-            head[:at],
-            _SESSIONS_KEY,
-            sessions,
-            _UNOWNED_KEY,
-            unowned,
-            head[at + len(_PLACEHOLDERS) :],
-        )
+    parts = (
+        head[:at] + _SESSIONS_KEY,
+        sessions,
+        _UNOWNED_KEY,
+        unowned,
+        head[at + len(_PLACEHOLDERS) :],
     )
-    view = memoryview(data)
-    sessions_at = at + len(_SESSIONS_KEY)
-    unowned_at = sessions_at + len(sessions) + len(_UNOWNED_KEY)
-    return _Encoded(
-        answer,
-        task,
-        data,
-        view[sessions_at : sessions_at + len(sessions)],
-        view[unowned_at : unowned_at + len(unowned)],
-    )
+    return _Encoded(answer, task, parts, sessions, unowned)
 
 
 def _observe(reader: ActiveSessionReader) -> Observation:
@@ -549,21 +539,24 @@ class Discovery:
             or (answer.generation != params.since and answer.discovery != "scanning")
         )
 
-    async def snapshot_json(self, params: SnapshotParams) -> bytes:
-        """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply).
+    async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
+        """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 
-        The bytes are kept for the latest answer and ``task``: a request for
-        the same again is answered without encoding. An answer with ``usage``
-        is measured for its request, so it is encoded for it alone.
+        Joined, the parts are the JSON text; they are sent as they are. They
+        are kept for the latest answer and ``task``: a request for the same
+        again is answered without encoding, and a new answer whose lists did
+        not change re-encodes only the rest (the observed time, the cost),
+        never the megabytes of the lists. An answer with ``usage`` is
+        measured for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
         if params.usage:
             measured = await self._with_usage(answer)
-            return _encoder.encode(msgspec.structs.replace(measured, task=params.task))
+            return (_encoder.encode(msgspec.structs.replace(measured, task=params.task)),)
         encoded = self._encoded
         if encoded is None or encoded.answer is not answer or encoded.task != params.task:
             encoded = self._encoded = _encode(answer, params.task, encoded)
-        return encoded.data
+        return encoded.parts
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """Answer ``sessions.snapshot`` (SPEC §7).

@@ -62,6 +62,7 @@ __all__ = [
     "BATCH_REPLY_MAX_BYTES",
     "SPLICE_MIN_BYTES",
     "Dispatcher",
+    "Encoded",
     "Handler",
     "Method",
     "ReplyParts",
@@ -109,6 +110,28 @@ _BATCH_FULL: Final = (
 
 #: One reply line in parts (without its newline): send them in order.
 ReplyParts = tuple[bytes | memoryview, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A handler's result already encoded as JSON, in parts that are never joined.
+
+    Discovery keeps a snapshot's long lists encoded apart from the rest, so
+    that a new observation re-encodes only what changed; handing the parts
+    over as they are spares joining megabytes for every new answer. A batch
+    reply (one array) joins them.
+    """
+
+    parts: ReplyParts
+
+    @property
+    def size(self) -> int:
+        """The JSON text's length, bytes."""
+        return sum(len(part) for part in self.parts)
+
+    def joined(self) -> Raw:
+        """The parts as one ``Raw``."""
+        return Raw(b"".join(self.parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,15 +203,21 @@ class Dispatcher:
         reply = await self._answer(line)
         if reply is None or isinstance(reply, bytes):
             return None if reply is None else (reply,)
-        if (
-            isinstance(reply, SuccessResponse)
-            and isinstance(reply.result, Raw)
-            and len(reply.result) >= SPLICE_MIN_BYTES
-        ):
-            head = _encoder.encode(msgspec.structs.replace(reply, result=_PLACEHOLDER))
-            # ``result`` is the envelope's last member: the head ends with its placeholder.
-            return (memoryview(head)[: -len(_PLACEHOLDER_TAIL)], memoryview(reply.result), b"}")
+        result = reply.result if isinstance(reply, SuccessResponse) else None
+        if isinstance(result, Encoded):
+            if result.size >= SPLICE_MIN_BYTES:
+                return self._spliced(reply, result.parts)
+            reply = msgspec.structs.replace(reply, result=result.joined())
+        elif isinstance(result, Raw) and len(result) >= SPLICE_MIN_BYTES:
+            return self._spliced(reply, (memoryview(result),))
         return (_encoder.encode(reply),)
+
+    @staticmethod
+    def _spliced(reply: SuccessResponse | ErrorResponse, parts: ReplyParts) -> ReplyParts:
+        """The envelope's head, the result's own parts, the closing brace."""
+        head = _encoder.encode(msgspec.structs.replace(reply, result=_PLACEHOLDER))
+        # ``result`` is the envelope's last member: the head ends with its placeholder.
+        return (memoryview(head)[: -len(_PLACEHOLDER_TAIL)], *parts, b"}")
 
     async def _answer(self, line: bytes) -> bytes | SuccessResponse | ErrorResponse | None:
         """The reply to ``line``: encoded, or a single request's response to encode."""
@@ -237,6 +266,8 @@ class Dispatcher:
                 continue
             reply = await self._handle_one(envelope)
             if reply is not None:
+                if isinstance(reply, SuccessResponse) and isinstance(reply.result, Encoded):
+                    reply = msgspec.structs.replace(reply, result=reply.result.joined())
                 replies.append(reply)
                 result = reply.result if isinstance(reply, SuccessResponse) else None
                 reply_bytes += len(result) if isinstance(result, Raw) else _ERROR_REPLY_BYTES
@@ -270,7 +301,7 @@ class Dispatcher:
             try:
                 # Encode here so that an unencodable result is this request's error;
                 # a handler may hand over its result already encoded (a Raw).
-                raw = result if isinstance(result, Raw) else Raw(_encoder.encode(result))
+                raw = result if isinstance(result, Raw | Encoded) else Raw(_encoder.encode(result))
                 return SuccessResponse(jsonrpc=JSONRPC_VERSION, id=id, result=raw)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise RuntimeError(f"result of {name} cannot be encoded") from exc
