@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 __all__ = [
     "Summary",
+    "complete_p99",
     "fmt_bytes",
     "fmt_count",
     "fmt_ratio",
     "fmt_s",
+    "latency_cell",
     "percentile",
     "summarize",
     "time_calls",
@@ -116,3 +118,18 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+def latency_cell(samples: Sequence[float], trials: int, deadline_s: float) -> str:
+    """``p50 / p99 (max)`` of the trials that ended within ``deadline_s``, and how many did not."""
+    if not samples:
+        return f"never within {deadline_s:.0f} s"
+    summary = summarize(samples)
+    text = f"{fmt_s(summary.p50_s)} / {fmt_s(summary.p99_s)} (max {fmt_s(summary.max_s)})"
+    late = trials - len(samples)
+    return text + (f"; {late} not within {deadline_s:.0f} s" if late else "")
+
+
+def complete_p99(samples: Sequence[float], trials: int) -> float | None:
+    """The p99 when every one of ``trials`` gave a sample; None if any did not."""
+    return summarize(samples).p99_s if len(samples) == trials else None

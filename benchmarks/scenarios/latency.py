@@ -28,6 +28,7 @@ import random
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -38,7 +39,7 @@ from benchmarks.harness import Context, Outcome, Table, judge, report, require_m
 from benchmarks.homes import generate_home
 from benchmarks.rawclient import RawClient, request_line
 from benchmarks.scenarios.snapshot import wait_for_answer
-from benchmarks.stats import Summary, fmt_s, summarize
+from benchmarks.stats import complete_p99, fmt_s, latency_cell, summarize
 
 if TYPE_CHECKING:
     from capsule_client.store import OwnershipStore
@@ -47,6 +48,8 @@ __all__ = ["run"]
 
 VISIBLE_TARGET_S = 0.050
 DEADLINE_S = 5.0
+
+_cell = partial(latency_cell, deadline_s=DEADLINE_S)
 POLL_INTERVAL_S = 0.002
 SAMPLE_INTERVAL_S = 1.0  # the daemon's default --sample-interval
 
@@ -129,21 +132,6 @@ def _trial(
     return visible_s, gone_s
 
 
-def _cell(samples: list[float], trials: int) -> str:
-    if not samples:
-        return f"never within {DEADLINE_S:.0f} s"
-    summary: Summary = summarize(samples)
-    text = f"{fmt_s(summary.p50_s)} / {fmt_s(summary.p99_s)} (max {fmt_s(summary.max_s)})"
-    late = trials - len(samples)
-    return text + (f"; {late} not within {DEADLINE_S:.0f} s" if late else "")
-
-
-def _p99(samples: list[float], trials: int) -> float | None:
-    if len(samples) < trials:
-        return None
-    return summarize(samples).p99_s
-
-
 def run(ctx: Context) -> Outcome:
     """Time written -> visible and killed -> gone, polling and long-polling."""
     require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
@@ -190,7 +178,7 @@ def run(ctx: Context) -> Outcome:
         columns=["change", "p50 / p99", "trials"],
         rows=rows,
     )
-    polled = _p99(visible["polling"], trials["polling"])
+    polled = complete_p99(visible["polling"], trials["polling"])
     exits = gone["polling"]
     verdicts = [
         judge(

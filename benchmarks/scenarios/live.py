@@ -25,6 +25,7 @@ import random
 import socket
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -34,13 +35,15 @@ from benchmarks.harness import Context, Outcome, Table, judge, require_modules
 from benchmarks.homes import generate_home
 from benchmarks.rawclient import RawClient, request_line
 from benchmarks.scenarios.snapshot import wait_for_answer
-from benchmarks.stats import Summary, fmt_s, summarize
+from benchmarks.stats import complete_p99, fmt_s, latency_cell
 
 __all__ = ["run"]
 
 RECEIPT_TARGET_S = 0.050
 EXIT_TARGET_S = 0.020
 DEADLINE_S = 5.0
+
+_cell = partial(latency_cell, deadline_s=DEADLINE_S)
 PAUSE_S = (0.030, 0.080)
 
 
@@ -103,19 +106,6 @@ class _Subscriber:
         self.sock.close()
 
 
-def _cell(samples: list[float], trials: int) -> str:
-    if not samples:
-        return f"never within {DEADLINE_S:.0f} s"
-    summary: Summary = summarize(samples)
-    text = f"{fmt_s(summary.p50_s)} / {fmt_s(summary.p99_s)} (max {fmt_s(summary.max_s)})"
-    late = trials - len(samples)
-    return text + (f"; {late} not within {DEADLINE_S:.0f} s" if late else "")
-
-
-def _p99(samples: list[float], trials: int) -> float | None:
-    return summarize(samples).p99_s if len(samples) == trials else None
-
-
 def run(ctx: Context) -> Outcome:
     """Time receipt -> notification and exit -> notification for one subscriber."""
     require_modules("capsuled.subscriptions", "capsuled.exits", "capsule_client.receipts")
@@ -174,7 +164,7 @@ def run(ctx: Context) -> Outcome:
             ["process killed -> removed", _cell(exits, trials), str(trials)],
         ],
     )
-    receipt_p99, exit_p99 = _p99(receipt, trials), _p99(exits, trials)
+    receipt_p99, exit_p99 = complete_p99(receipt, trials), complete_p99(exits, trials)
     verdicts = [
         judge(
             "receipt -> notification: p99 <= 50 ms",
