@@ -99,20 +99,11 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
             elif n % DETACH_EVERY == 3 and open_work and rng.random() < 0.9:
                 work_id, command = open_work.pop()
                 unaccounted.discard(work_id)
-                if rng.random() < 0.8:
+                completed = rng.random() < 0.8
+                if completed or rng.random() < 0.5:
+                    accounting = ShellCompleted if completed else ShellAbandoned
                     line = encode_line(
-                        ShellCompleted(
-                            event_id=event_id,
-                            session_id=SESSION,
-                            timestamp=n,
-                            work_id=work_id,
-                            binary="/bin/sh",
-                            command=command,
-                        )
-                    )
-                elif rng.random() < 0.5:
-                    line = encode_line(
-                        ShellAbandoned(
+                        accounting(
                             event_id=event_id,
                             session_id=SESSION,
                             timestamp=n,
