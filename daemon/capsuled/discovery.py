@@ -112,9 +112,16 @@ class _Encoded:
 
     answer: ActiveSessionsSnapshot
     task: str | None
-    parts: tuple[bytes, ...]
-    sessions: bytes
-    unowned: bytes
+    #: The head up to ``"sessions":``, the sessions, ``,"unowned":``, the unowned, the tail.
+    parts: tuple[bytes, bytes, bytes, bytes, bytes]
+
+    @property
+    def sessions(self) -> bytes:
+        return self.parts[1]
+
+    @property
+    def unowned(self) -> bytes:
+        return self.parts[3]
 
 
 def _encode(
@@ -146,7 +153,7 @@ def _encode(
         unowned,
         head[at + len(_PLACEHOLDERS) :],
     )
-    return _Encoded(answer, task, parts, sessions, unowned)
+    return _Encoded(answer, task, parts)
 
 
 def _observe(reader: ActiveSessionReader) -> Observation:
