@@ -29,7 +29,10 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
 
 @pytest.mark.parametrize("kind", sorted(GOOD))
 def test_the_good_forms_decode(kind: str) -> None:
-    DECODERS[kind](GOOD[kind] % b"")
+    decoded = DECODERS[kind](GOOD[kind] % b"")
+    entry = decoded[0] if kind == "servers" else decoded
+    pid = entry.opencode_pid if kind == "servers" else entry.pid
+    assert pid == 42, decoded
 
 
 @pytest.mark.parametrize("kind", sorted(GOOD))

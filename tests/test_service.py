@@ -470,7 +470,14 @@ def test_watchdog_keep_alives_arrive_at_half_the_interval(
 
 
 def test_watchdog_off_returns_at_once() -> None:
-    anyio.run(service.send_watchdog, Notifier.from_environ({}))
+    notifier = Notifier.from_environ({})
+
+    async def main() -> None:
+        with anyio.fail_after(1):
+            await service.send_watchdog(notifier)
+
+    anyio.run(main)
+    assert not notifier.enabled
 
 
 def test_notifier_without_notify_socket_does_nothing() -> None:

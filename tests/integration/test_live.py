@@ -234,7 +234,8 @@ def test_unsubscribe_stops_the_notifications(quiet_daemon: DaemonProcess, pool: 
         before = client.snapshot().generation
         own(home, "ses_u", ["exe_u"])
         write_exec_receipt(home, "exe_u", process.pid)
-        client.snapshot(since=before, timeout_ms=5000)  # the change was observed and published
+        changed = client.snapshot(since=before, timeout_ms=5000)
+        assert changed.generation > before, "the change was not observed and published"
         with client.subscribe() as changes:  # and reaches a subscriber that is still there
             View(changes).until(lambda v: "ses_u" in v.sessions)
         send(sock, 3, "ping")
