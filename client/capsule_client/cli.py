@@ -86,7 +86,11 @@ def render_status(status: StatusResult) -> str:
         ("socket", status.socket),
         ("watcher", status.watcher),
         ("discovery", discovery),
-        ("clients", f"{status.clients}, {status.subscriptions} subscriptions"),
+        (
+            "clients",
+            f"{status.clients}, {status.subscriptions} subscriptions, "
+            f"{status.long_polls} long polls waiting",
+        ),
         (
             "exits",
             f"pidfd events ({status.pidfds} held)"

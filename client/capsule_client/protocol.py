@@ -417,6 +417,8 @@ class StatusResult(Struct):
             process has a descriptor that wakes discovery when it exits) or
             ``sampling`` (only the periodic sample notices).
         pidfds: exit descriptors held now.
+        long_polls: ``sessions.snapshot`` requests with ``since`` waiting
+            for a change now.
     """
 
     pid: int
@@ -435,6 +437,7 @@ class StatusResult(Struct):
     subscriptions: int = 0
     exit_watch: ExitWatchMode = "sampling"
     pidfds: int = 0
+    long_polls: int = 0
 
 
 class SubscribeResult(Struct):

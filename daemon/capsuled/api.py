@@ -101,6 +101,7 @@ class Api:
             subscriptions=daemon.subscriptions.count,
             exit_watch=daemon.sessions.exits.mode,
             pidfds=daemon.sessions.exits.held,
+            long_polls=daemon.sessions.long_polls,
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:

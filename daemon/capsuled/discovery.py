@@ -253,6 +253,7 @@ class Discovery:
         self._flight: _Flight | None = None
         self._flights = 0  # observations begun so far
         self._closing = False  # set by end_long_polls()
+        self._long_polls = 0
         self._published = anyio.Event()
         self._tg: TaskGroup | None = None
         self._wake = anyio.Event()
@@ -658,10 +659,19 @@ class Discovery:
             while answer.generation == since or answer.discovery == "scanning":
                 if self._closing:
                     raise ShuttingDown("shutting down: the long poll ends without a change")
-                await self._published.wait()
+                self._long_polls += 1
+                try:
+                    await self._published.wait()
+                finally:
+                    self._long_polls -= 1
                 assert self._latest is not None
                 answer = self._latest
         return answer
+
+    @property
+    def long_polls(self) -> int:
+        """``since`` long polls waiting for a change now (shown in ``status``)."""
+        return self._long_polls
 
     def end_long_polls(self) -> None:
         """End every ``since`` long poll that waits for a change, and any that starts later.

@@ -189,6 +189,8 @@ def test_a_long_poll_returns_on_a_change_and_waits_out_no_change(
         poll = threading.Thread(target=long_poll)
         started = time.monotonic()
         poll.start()
+        # The change must come while the poll waits, or the wake-up goes untested.
+        wait_until(lambda: client.status().long_polls == 1, message="the long poll to wait")
         write_exec_receipt(home, "exe_p", process.pid)
         poll.join(timeout=DEADLINE_S)
         assert not poll.is_alive(), "the long poll did not return on the change"
@@ -386,7 +388,7 @@ def test_capsulectl_status_says_how_exits_are_noticed(quiet_daemon: DaemonProces
     lines = dict(line.split(":", 1) for line in out.getvalue().splitlines())
     expected = "pidfd events" if pidfds_supported() else "noticed by sampling"
     assert lines["exits"].strip().startswith(expected)
-    assert lines["clients"].strip() == "1, 0 subscriptions"
+    assert lines["clients"].strip() == "1, 0 subscriptions, 0 long polls waiting"
 
 
 @pytest.mark.anyio

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess
+from support import DaemonProcess, wait_until
 
 from capsule_client import Client
 
@@ -60,7 +60,10 @@ def test_sigterm_answers_a_long_poll_shutting_down_and_exits_promptly(
         while data.count(b"\n") < 2:
             data += subscriber.recv(65536)
         with Client(quiet_daemon.socket_path) as client:
-            status = client.status()  # answered after the poll was read: it is waiting
+            status = wait_until(
+                lambda: (s := client.status()).long_polls == 1 and s,
+                message="the long poll to wait",
+            )
             assert (status.clients, status.subscriptions) == (3, 1)
         assert quiet_daemon.process is not None
         started = time.monotonic()
