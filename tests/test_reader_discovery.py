@@ -164,18 +164,6 @@ async def test_since_answers_at_once_when_the_generation_differs(discovery: Disc
     assert answer.generation == current.generation
 
 
-async def test_answers_at_once_says_whether_the_request_will_wait(
-    discovery: Discovery,
-) -> None:
-    """The daemon watches for a departing peer only when the request may wait."""
-    current = await snapshot(discovery)
-    at_once = discovery.answers_at_once
-    assert at_once(SnapshotParams())
-    assert at_once(SnapshotParams(since=current.generation + 1))
-    assert not at_once(SnapshotParams(since=current.generation))  # a long poll
-    assert not at_once(SnapshotParams(max_age_ms=0))  # a new observation
-
-
 async def test_since_waits_for_a_change(world: World) -> None:
     async with running(Discovery(world.home, sample_interval_s=0.05)) as discovery:
         current = await snapshot(discovery)
@@ -187,7 +175,10 @@ async def test_since_waits_for_a_change(world: World) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_poll)
-            await anyio.lowlevel.checkpoint()  # the poll is waiting before the receipt is written
+            deadline = time.monotonic() + 5  # the poll waits before the receipt is written
+            while not discovery.long_polls:
+                assert time.monotonic() < deadline, "the long poll never waited"
+                await anyio.sleep(0.01)
             world.exec_receipt("exe_1", process.pid)
         assert answer[0].generation == current.generation + 1
         assert pids(answer[0]) == {"unowned": [("exec", process.pid)]}

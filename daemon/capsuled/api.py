@@ -116,9 +116,7 @@ class Api:
             InternalError: the observation failed on a defect.
         """
         connection = current_connection.get(None)
-        if connection is None or self.daemon.sessions.answers_at_once(params):
-            # Nothing to wait for: watching for the peer to leave would cost more
-            # than the answer (a task, and a cancellation whose message formats it).
+        if connection is None:
             return Encoded(await self.daemon.sessions.snapshot_json(params))
         # It may wait (an observation, or a long poll for a change): a client
         # that left must not hold its slot.

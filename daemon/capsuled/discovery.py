@@ -534,19 +534,6 @@ class Discovery:
         """How old an answer ``params`` accepts (default: the sample interval), seconds."""
         return self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
 
-    def answers_at_once(self, params: SnapshotParams) -> bool:
-        """Whether ``params`` is answered from the latest observation, without waiting.
-
-        True when that observation is fresh enough for ``max_age_ms`` and, with
-        ``since``, its generation differs and it is settled: the same tests
-        :meth:`snapshot_json` makes first, before its first ``await``.
-        """
-        answer = self._fresh(self._max_age_s(params))
-        return answer is not None and (
-            params.since is None
-            or (answer.generation != params.since and answer.discovery != "scanning")
-        )
-
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 

@@ -86,7 +86,9 @@ class Connection:
         self._raw_socket: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         #: The requests received, line by line (registered with the event loop
         #: by :meth:`Server._serve_connection` for the connection's life).
-        self.lines = _LineReader(self._raw_socket)
+        self.lines = _LineReader(self._raw_socket, on_end=self._reading_ended)
+        self._guarded = 0  # requests in unless_peer_leaves
+        self._peer_check: asyncio.TimerHandle | None = None
 
     def call_after_reply(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the reply to the request being handled is sent
@@ -107,31 +109,38 @@ class Connection:
         A long poll may wait up to an hour for a change: a client that gave up
         must not keep its connection slot (and the poll) alive that long.
         The line reader keeps receiving while the request runs, so it sees
-        end-of-stream.
+        end-of-stream; only then is the peer checked for a hang-up. A request
+        answered at once costs a counter, not a task.
         """
-        failure: Exception | None = None
-        async with anyio.create_task_group() as watch:
-            watch.start_soon(self._end_when_peer_leaves)
-            try:
-                result = await call()
-            except Exception as exc:  # out of the task group unwrapped: an RpcError stays one
-                failure = exc
-            watch.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        return result
+        self._guarded += 1
+        if self.lines.ended:
+            self._check_peer()
+        try:
+            return await call()
+        finally:
+            self._guarded -= 1
+            if not self._guarded and self._peer_check is not None:
+                self._peer_check.cancel()
+                self._peer_check = None
 
-    async def _end_when_peer_leaves(self) -> None:
-        await self.lines.wait_ended()
+    def _reading_ended(self) -> None:
+        """The line reader saw end-of-stream or an error: check the peer if a request waits."""
+        if self._guarded:
+            self._check_peer()
+
+    def _check_peer(self) -> None:
         # End of stream: the peer shut its writing side. If it only half-closed,
         # it still waits for the answer (docs/protocol.md); it is gone once the
         # socket also reports a hang-up, or the reader saw an error (a reset).
-        while True:
-            if self.lines.failed or _hung_up(self._raw_socket):
-                break
-            await anyio.sleep(_HALF_CLOSED_POLL_S)
-        log.debug("peer left during a request; ending it", connection=self.number)
-        self.scope.cancel()
+        self._peer_check = None
+        if not self._guarded:
+            return
+        if self.lines.failed or _hung_up(self._raw_socket):
+            log.debug("peer left during a request; ending it", connection=self.number)
+            self.scope.cancel()
+            return
+        loop = asyncio.get_running_loop()
+        self._peer_check = loop.call_later(_HALF_CLOSED_POLL_S, self._check_peer)
 
     def end_reading(self) -> None:
         """Make the pending read see end-of-stream, so the connection ends by itself.
@@ -248,19 +257,24 @@ class _LineReader:
     to ``_RESUME_BYTES``, or when no whole line is left to take. So
     that a peer pipelining requests cannot hold the event loop, the task
     yields after every ``_YIELD_EVERY`` lines it took without waiting.
+
+    Args:
+        sock: the connection's socket (non-blocking).
+        on_end: called once, on the event loop, when end-of-stream or an
+            error is first received, or at :meth:`stop`.
     """
 
     _PAUSE_BYTES = MAX_MESSAGE_BYTES + _RECEIVE_CHUNK
     _RESUME_BYTES = _RECEIVE_CHUNK
     _YIELD_EVERY = 16
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, on_end: Callable[[], None] | None = None) -> None:
         self._sock = sock
+        self._on_end = on_end
         self._buffer = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading = False
         self._waiter: asyncio.Future[None] | None = None
-        self._ended = anyio.Event()
         self._unwaited = 0  # lines taken since the task last waited
         #: End of stream or an error was received (nothing more will come).
         self.ended = False
@@ -282,10 +296,6 @@ class _LineReader:
         self._pause()
         self._end()
 
-    async def wait_ended(self) -> None:
-        """Return once end-of-stream or an error was received."""
-        await self._ended.wait()
-
     def _resume(self) -> None:
         if not self._reading and not self.ended and self._loop is not None:
             self._loop.add_reader(self._sock.fileno(), self._on_readable)
@@ -297,8 +307,10 @@ class _LineReader:
             self._reading = False
 
     def _end(self) -> None:
-        self.ended = True
-        self._ended.set()
+        if not self.ended:
+            self.ended = True
+            if self._on_end is not None:
+                self._on_end()
         self._wake()
 
     def _wake(self) -> None:

@@ -6,6 +6,7 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
@@ -59,3 +60,29 @@ def test_a_client_that_only_half_closes_still_gets_its_long_poll_answered(
             reply += chunk
     answer = json.loads(reply)
     assert answer["id"] == 7 and answer["result"]["generation"] == generation
+
+
+@pytest.mark.parametrize("half_close_first", [False, True], ids=["close", "half-close-then-close"])
+def test_a_client_that_leaves_while_its_long_poll_waits_frees_its_slot(
+    daemon: DaemonProcess, half_close_first: bool
+) -> None:
+    """The poll is already waiting when the peer goes: the reader's end-of-stream
+    (then, after a half-close, the hang-up check) ends the connection."""
+    with Client(daemon.socket_path) as client:
+        generation = client.snapshot(max_age_ms=0).generation
+        poll = {"since": generation, "timeout_ms": 3_600_000}
+        request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(daemon.socket_path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+            if half_close_first:
+                sock.shutdown(socket.SHUT_WR)
+                # Its end-of-stream is readable before this status request is
+                # sent; half-closed, the peer still waits for its answer.
+                assert client.status().long_polls == 1
+        status = wait_until(
+            lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
+        )
+        assert status.long_polls == 0
+    assert "peer left during a request" in daemon.logs()
