@@ -52,12 +52,21 @@ def test_empty_home_is_ready_and_says_the_store_is_missing(world: World) -> None
     assert snapshot.cost.rescans == 1
 
 
-def test_missing_home_is_ready_and_empty(tmp_path: Path) -> None:
-    reader = ActiveSessionReader(tmp_path / "not-yet")
+def test_missing_home_is_ready_and_empty_and_says_so(tmp_path: Path) -> None:
+    home = tmp_path / "not-yet"
+    reader = ActiveSessionReader(home)
     observation = reader.observe(task="t1")
-    assert observation.snapshot.discovery == "ready"
-    assert observation.snapshot.task == "t1"
+    snapshot = observation.snapshot
+    assert snapshot.discovery == "ready"
+    assert snapshot.task == "t1"
+    assert snapshot.sessions == snapshot.unowned == []
+    missing = f"home {home} does not exist; no receipts are read until it is created"
+    assert snapshot.gaps[0] == missing
     assert not observation.home_replaced
+    home.mkdir(mode=0o700)
+    after = reader.observe().snapshot
+    assert missing not in after.gaps
+    assert after.generation > snapshot.generation
 
 
 def test_receipts_and_store_project_into_sessions(world: World) -> None:

@@ -955,6 +955,7 @@ class ActiveSessionReader:
             unowned = previous.unowned if not previous.unowned else []
         if self._gaps_changed or self._answer is None:
             gaps = [
+                *(() if self._identity is not None else (self._missing_home_gap(),)),
                 *self._ownership_gaps,
                 *sorted(self._gap_counts),
                 *(f"{path}: {self._errors[path].message}" for path in sorted(self._errors)),
@@ -1086,6 +1087,9 @@ class ActiveSessionReader:
             raise _Unavailable(refusal)
         return st.st_dev, st.st_ino
 
+    def _missing_home_gap(self) -> str:
+        return f"home {self._home} does not exist; no receipts are read until it is created"
+
     def _check_home(self) -> None:
         """Home identity and strictness (SPEC §3 strictness, §5 home identity)."""
         try:
@@ -1098,6 +1102,8 @@ class ActiveSessionReader:
             # The home (re)appeared: a walk of the missing home found nothing, and
             # a watch may not see the new one yet. Walk it now, whatever the watcher says.
             self._rescan = True
+        if (identity is None) != (self._identity is None):
+            self._gaps_changed = True  # the missing-home gap comes or goes
         self._identity = identity
 
     def _unalias(self, path: str) -> str:

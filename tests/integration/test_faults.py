@@ -450,10 +450,9 @@ def test_the_home_deleted_and_recreated_is_recovered(
             assert client.status().watcher == watch
         shutil.rmtree(home)
         gone = fresh_snapshot(daemon)
-        # No session survives its receipts, and the answer says what is missing
-        # (a fresh reader for the missing home finds no store: "nobody owns anything").
+        # No session survives its receipts, and the answer says what is missing.
         assert gone["sessions"] == [] and gone["unowned"] == [], gone
-        assert gone["gaps"], gone
+        assert f"home {home} does not exist" in gone["gaps"][0], gone
         home.mkdir(mode=0o700)
         live_session(home, sleeper, "ses_after")
         # The first observation after the home reappears walks it, whatever the
