@@ -22,7 +22,7 @@ import anyio
 import msgspec
 import pytest
 from sessions_support import Sleepers, sleepers
-from support import DaemonProcess, wait_until
+from support import ChildOutput, DaemonProcess, wait_until
 
 from capsule_client import AsyncClient, Client, Subscription
 from capsule_client.cli import main as capsulectl
@@ -331,11 +331,12 @@ def test_capsulectl_watch_prints_changes_and_exits_quietly_on_ctrl_c(
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
         try:
             assert watch.stdout is not None and watch.stderr is not None
-            first = json.loads(watch.stdout.readline())
+            output = ChildOutput(watch.stdout)
+            first = output.json(DEADLINE_S)
             assert first["full"] is True and first["discovery"] == "ready"
             own(home, "ses_w", ["exe_w"])
             write_exec_receipt(home, "exe_w", process.pid, command="sleep 300")
-            while not (change := json.loads(watch.stdout.readline()))["added"]:
+            while not (change := output.json(DEADLINE_S))["added"]:
                 pass
             assert change["added"][0]["session_id"] == "ses_w"
             assert change["generation"] > first["generation"]
@@ -440,12 +441,13 @@ def test_capsulectl_watch_outlives_a_daemon_restart(quiet_daemon: DaemonProcess)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
         try:
             assert watch.stdout is not None and watch.stderr is not None
-            first = json.loads(watch.stdout.readline())
+            output = ChildOutput(watch.stdout)
+            first = output.json(DEADLINE_S)
             assert first["full"] is True
             assert quiet_daemon.stop(signal.SIGTERM) == 0
             quiet_daemon.start()
             # The watch reconnects and starts over with the whole answer.
-            again = json.loads(watch.stdout.readline())
+            again = output.json(DEADLINE_S)
             assert again["full"] is True and again["subscription"] != first["subscription"]
             assert watch.poll() is None
             watch.send_signal(signal.SIGINT)
@@ -471,13 +473,12 @@ def test_capsulectl_top_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as top:
         try:
             assert top.stdout is not None and top.stderr is not None
-            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            output, errors = ChildOutput(top.stdout), ChildOutput(top.stderr)
+            assert output.json(DEADLINE_S)["discovery"] == "ready"
             assert quiet_daemon.stop(signal.SIGTERM) == 0
             quiet_daemon.start()
-            wait_until(
-                lambda: b"reconnecting" in top.stderr.read1(), message="top to say it reconnects"
-            )
-            assert json.loads(top.stdout.readline())["discovery"] == "ready"
+            errors.wait_for(b"reconnecting", DEADLINE_S)
+            assert output.json(DEADLINE_S)["discovery"] == "ready"
             assert top.poll() is None
             top.send_signal(signal.SIGINT)
             assert top.wait(timeout=DEADLINE_S) == 0
