@@ -17,7 +17,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         number=1,
         title="sessions.snapshot latency at 1k, 10k and 100k receipts, nothing changing",
-        baseline="a naive per-query walk + parse + liveness check (in the benchmark)",
+        baseline=(
+            "a naive per-query walk + parse + liveness check (in the benchmark); "
+            "the transfer floor: a bare server sending a reply of the same size"
+        ),
         targets=(
             "p99 <= 2 ms at 10k receipts",
             ">= 100x faster than the naive p50",
