@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support import ChildOutput
 
 from capsule_client.protocol import LostReport
 from capsuled.reconcile import reconcile
@@ -94,7 +95,7 @@ def start_child(**args: Any) -> subprocess.Popen[str]:
         text=True,
     )
     assert child.stdout is not None
-    assert child.stdout.readline() == "ready\n"
+    assert ChildOutput(child.stdout).line() == b"ready"
     return child
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from support import bind_notify_socket, wait_until
+from support import ChildOutput, bind_notify_socket, wait_until
 
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled import service
@@ -135,7 +135,7 @@ def test_lock_holds_the_owner_pid_and_refuses_a_second_daemon(short_dir: Path) -
     holder = start_lock_holder(sock)
     try:
         assert holder.stdout is not None
-        assert holder.stdout.readline() == "locked\n"
+        assert ChildOutput(holder.stdout).line() == b"locked"
         assert service.lock_path_for(sock).read_text() == f"{holder.pid}\n"
         with pytest.raises(AlreadyRunning) as caught:
             service.acquire_socket_lock(sock)
@@ -149,7 +149,7 @@ def test_lock_of_a_killed_daemon_is_free_again(short_dir: Path) -> None:
     sock = short_dir / "d.sock"
     holder = start_lock_holder(sock)
     assert holder.stdout is not None
-    assert holder.stdout.readline() == "locked\n"
+    assert ChildOutput(holder.stdout).line() == b"locked"
     stop(holder)  # SIGKILL: no clean-up ran
     lock = service.acquire_socket_lock(sock)
     try:
@@ -169,7 +169,7 @@ def test_lock_taken_at_the_same_instant_has_exactly_one_owner(short_dir: Path) -
         lines = []
         for holder in holders:
             assert holder.stdout is not None
-            lines.append(holder.stdout.readline().split())
+            lines.append(ChildOutput(holder.stdout).line().decode().split())
         winners = [h for h, line in zip(holders, lines, strict=True) if line == ["locked"]]
         assert len(winners) == 1
         refused_pids = {line[1] for line in lines if line[0] == "refused"}
@@ -591,7 +591,7 @@ def test_peer_in_another_pid_namespace_has_no_pid(short_dir: Path) -> None:
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline() == "listening\n"
+        assert ChildOutput(proc.stdout).line() == b"listening"
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(str(sock_path))
             client.settimeout(5)

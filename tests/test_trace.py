@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ChildOutput
 
 from capsule_client.trace import (
     SessionStart,
@@ -218,7 +219,7 @@ def test_concurrent_writers_and_a_reconcile_never_fuse_lines(tmp_path: Path) -> 
         for n in range(4)
     ]
     for writer in writers:
-        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        assert writer.stdout is not None and ChildOutput(writer.stdout).line() == b"ready"
     for writer in writers:
         assert writer.stdin is not None
         writer.stdin.write("go\n")

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from support import DaemonProcess, raw_exchange, wait_until
+from support import ChildOutput, DaemonProcess, raw_exchange, wait_until
 
 from capsule_client import (
     AsyncClient,
@@ -122,7 +122,7 @@ def test_twenty_reconciles_through_the_daemon_and_ten_processes_report_once(
         for n in range(10)
     ]
     for child in direct:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        assert child.stdout is not None and ChildOutput(child.stdout).line() == b"ready"
     start = threading.Barrier(21)
     through_daemon: list[LostReport | None] = []
 
