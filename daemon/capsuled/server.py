@@ -113,7 +113,7 @@ class Connection:
         answered at once costs a counter, not a task.
         """
         self._guarded += 1
-        if self.lines.ended:
+        if self.lines.ended and self._peer_check is None:
             self._check_peer()
         try:
             return await call()
@@ -125,7 +125,7 @@ class Connection:
 
     def _reading_ended(self) -> None:
         """The line reader saw end-of-stream or an error: check the peer if a request waits."""
-        if self._guarded:
+        if self._guarded and self._peer_check is None:
             self._check_peer()
 
     def _check_peer(self) -> None:
