@@ -34,15 +34,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(config.log_format, config.log_level)
     log = structlog.get_logger("capsuled")
     try:
-        anyio.run(_serve, config)
+        return anyio.run(_serve, config)
     except StartupError as exc:
         log.error("cannot start", error=str(exc))
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130
-    return 0
 
 
-async def _serve(config: Config) -> None:
+async def _serve(config: Config) -> int:
     # The daemon makes anyio primitives, so it is built inside the event loop.
-    await Daemon(config).run()
+    daemon = Daemon(config)
+    await daemon.run()
+    return daemon.exit_status

@@ -43,7 +43,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import anyio
 import msgspec
@@ -67,6 +67,7 @@ __all__ = [
     "PeerCredentials",
     "ServiceError",
     "SocketLock",
+    "SocketMend",
     "SocketPathTaken",
     "UnsafeHome",
     "acquire_socket_lock",
@@ -75,6 +76,7 @@ __all__ = [
     "check_home",
     "ensure_home",
     "lock_path_for",
+    "mend_listening",
     "open_listener",
     "peer_credentials",
     "permission_denied_line",
@@ -241,6 +243,21 @@ class SocketLock:
         """Whether :meth:`release` has not been called yet."""
         return self._fd is not None
 
+    def is_at_its_path(self) -> bool:
+        """Whether the file at :attr:`path` is still the one this lock holds.
+
+        False once it was removed or replaced (a clean-up of the directory):
+        another daemon could then lock a new file there.
+        """
+        if self._fd is None:
+            return False
+        try:
+            at_path = os.lstat(self.path)
+        except OSError:
+            return False
+        held = os.fstat(self._fd)
+        return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
+
     def release(self) -> None:
         """Empty the pid and drop the lock. Idempotent."""
         fd, self._fd = self._fd, None
@@ -252,6 +269,12 @@ class SocketLock:
             pass
         finally:
             os.close(fd)  # closing the only descriptor drops the flock
+
+    def release_unlinked(self) -> None:
+        """Drop the lock of a file no longer at :attr:`path`, leaving its content. Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def acquire_socket_lock(socket_path: Path, *, pid: int | None = None) -> SocketLock:
@@ -562,6 +585,65 @@ def open_listener(
         lock.release()
         raise
     return Listening(sock=bound.sock, path=socket_path, activated=False, lock=lock, bound=bound)
+
+
+#: What :func:`mend_listening` did or found.
+SocketMend = Literal["relocked", "rebound", "foreign", "taken"]
+
+
+def mend_listening(listening: Listening) -> list[SocketMend]:
+    """Check that the daemon's socket and lock files are still its own; mend what it may.
+
+    For a socket the daemon bound (never one systemd passed), called from
+    time to time while it runs. A clean-up of ``/tmp`` or of
+    ``$XDG_RUNTIME_DIR`` can remove either file while the daemon runs: the
+    socket's removal leaves the daemon unreachable, the lock's lets a second
+    daemon start on the same path.
+
+    Returns, in this order, what applied (nothing when both files are intact):
+
+    - ``"taken"``: the lock file was removed or replaced, and another process
+      holds the lock at its path now (a second daemon started meanwhile). The
+      path is theirs: nothing else is done, and this daemon should stop.
+    - ``"relocked"``: the lock file was removed or replaced; the lock is taken
+      again at its path, with this daemon's pid.
+    - ``"rebound"``: the socket file was missing; a socket is bound again at
+      its path (under the lock, as at start), and ``listening`` holds it now.
+      The caller must serve it and close the old one.
+    - ``"foreign"``: something else is at the socket's path (its identity
+      changed); it is left alone, as at start.
+
+    Blocking (file-system calls, and a short wait to read a rival's pid):
+    run it in a worker thread.
+
+    Raises:
+        ServiceError: the directory, the lock or the socket could not be made
+            again (the daemon keeps serving the socket it has).
+    """
+    bound = listening.bound
+    if bound is None:
+        return []
+    done: list[SocketMend] = []
+    if not listening.lock.is_at_its_path():
+        prepare_socket_directory(bound.path)
+        try:
+            fresh = acquire_socket_lock(bound.path)
+        except AlreadyRunning:
+            return ["taken"]
+        listening.lock.release_unlinked()
+        listening.lock = fresh
+        done.append("relocked")
+    try:
+        st = os.lstat(bound.path)
+    except FileNotFoundError:
+        prepare_socket_directory(bound.path)
+        listening.bound = bind_unix_socket(bound.path)
+        listening.sock = listening.bound.sock
+        done.append("rebound")
+    else:
+        if (st.st_dev, st.st_ino) != (bound.device, bound.inode):
+            done.append("foreign")
+    return done
 
 
 # --------------------------------------------------------------------------

@@ -39,6 +39,10 @@ __all__ = ["Daemon", "StartupError"]
 
 log = structlog.get_logger("capsuled")
 
+#: How often a daemon that bound its own socket checks that the socket and
+#: lock files are still its own (:meth:`Daemon._keep_socket`), seconds.
+SOCKET_CHECK_INTERVAL_S = 2.0
+
 
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
@@ -84,6 +88,9 @@ class Daemon:
         )
         self.notifier = service.Notifier.from_environ()
         self._shutdown = anyio.Event()
+        #: The process's exit status once :meth:`run` returns: 0, or 1 when the
+        #: socket's path was taken over by another daemon.
+        self.exit_status = 0
 
     @property
     def watcher_mode(self) -> WatcherMode:
@@ -157,7 +164,10 @@ class Daemon:
                 await tg.start(self.sessions.serve)
                 await tg.start(self.subscriptions.serve)
                 await tg.start(self.watcher.serve)
-                await tg.start(self.server.serve, UnixListener(listening.sock))
+                listener = UnixListener(listening.sock)
+                await tg.start(self.server.serve, listener)
+                if not listening.activated:  # systemd's socket is systemd's to keep
+                    tg.start_soon(self._keep_socket, listening, listener)
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),
@@ -175,6 +185,47 @@ class Daemon:
             listening.close()  # removes only a socket the daemon created, then unlocks
             self.notifier.close()
             log.info("capsuled stopped")
+
+    async def _keep_socket(self, listening: service.Listening, listener: UnixListener) -> None:
+        """Every ``SOCKET_CHECK_INTERVAL_S``, mend the socket and lock files (docs/service.md).
+
+        A removed socket is bound again; a removed lock is taken again, and
+        if a second daemon took it first, this one stops with exit status 1
+        and leaves the path to it. Something else put at the socket's path
+        is left alone, with one warning.
+        """
+        warned_foreign = False
+        while True:
+            await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
+            try:
+                done = await anyio.to_thread.run_sync(service.mend_listening, listening)
+            except service.ServiceError as exc:
+                log.warning("could not mend the socket; serving the one held", error=str(exc))
+                continue
+            if "taken" in done:
+                log.error(
+                    "the lock file was removed and another daemon has locked it; stopping",
+                    lock=str(listening.lock.path),
+                )
+                self.exit_status = 1
+                self.request_shutdown()
+                return
+            if "relocked" in done:
+                log.warning(
+                    "the lock file was removed; locked it again", lock=str(listening.lock.path)
+                )
+            if "rebound" in done:
+                listener.replace(listening.sock)
+                log.warning(
+                    "the socket file was removed; bound it again", socket=str(listening.path)
+                )
+            if "foreign" in done and not warned_foreign:
+                log.warning(
+                    "something else is at the socket's path; this daemon cannot be reached "
+                    "through it and leaves it alone",
+                    socket=str(listening.path),
+                )
+            warned_foreign = "foreign" in done
 
     async def _drain(self) -> None:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))

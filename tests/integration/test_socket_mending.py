@@ -1,0 +1,96 @@
+"""A running daemon keeps its socket and lock files (docs/service.md, "One daemon per socket").
+
+A clean-up of ``/tmp`` or ``$XDG_RUNTIME_DIR`` can remove them while the
+daemon runs. It checks every ``SOCKET_CHECK_INTERVAL_S`` (2 s): a removed
+socket is bound again, a removed lock is taken again, a lock another daemon
+took in between makes this one stop, and anything else put at the socket's
+path is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import DaemonProcess, wait_until
+
+from capsule_client import Client
+from capsuled import service
+
+#: Two check intervals and then some: the deadline for the daemon to notice.
+NOTICE_S = 10.0
+
+
+@pytest.fixture
+def running(short_dir: Path) -> Iterator[DaemonProcess]:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    with DaemonProcess(home, short_dir / "run" / "d.sock", ["--log-level", "info"]) as daemon:
+        yield daemon
+
+
+def answers(socket_path: Path) -> bool:
+    try:
+        with Client(socket_path, timeout_s=2) as client:
+            return client.ping().pong
+    except Exception:
+        return False
+
+
+def test_a_removed_socket_is_bound_again_and_open_connections_go_on(
+    running: DaemonProcess,
+) -> None:
+    with Client(running.socket_path) as before:
+        pid = before.status().pid
+        running.socket_path.unlink()
+        wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+        assert before.status().pid == pid  # the connection made before goes on
+    assert stat.S_IMODE(running.socket_path.stat().st_mode) == 0o600
+    assert "the socket file was removed; bound it again" in running.logs()
+    assert running.stop() == 0
+    assert not running.socket_path.exists()  # the new socket is removed at exit, as the first
+
+
+def test_a_removed_socket_directory_is_made_again(running: DaemonProcess) -> None:
+    shutil.rmtree(running.socket_path.parent)
+    wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+    lock = service.lock_path_for(running.socket_path)
+    assert lock.read_text() == f"{running.pid}\n"
+    assert stat.S_IMODE(running.socket_path.parent.stat().st_mode) == 0o700
+    logs = running.logs()
+    assert "the lock file was removed; locked it again" in logs
+    assert "the socket file was removed; bound it again" in logs
+    # The lock is held again: a second daemon for the same socket is refused.
+    with pytest.raises(service.AlreadyRunning) as refused:
+        service.acquire_socket_lock(running.socket_path)
+    assert refused.value.pid == running.pid
+
+
+def test_a_daemon_whose_lock_another_took_stops_with_status_1(running: DaemonProcess) -> None:
+    lock_path = service.lock_path_for(running.socket_path)
+    lock_path.unlink()
+    rival = service.acquire_socket_lock(running.socket_path, pid=os.getpid())
+    try:
+        assert running.process is not None
+        assert running.process.wait(timeout=NOTICE_S) == 1
+        assert "another daemon has locked it; stopping" in running.logs()
+        assert lock_path.read_text() == f"{os.getpid()}\n"  # the rival's lock is untouched
+    finally:
+        rival.release()
+
+
+def test_something_else_at_the_socket_path_is_left_alone(running: DaemonProcess) -> None:
+    running.socket_path.unlink()
+    running.socket_path.write_text("not a socket\n")
+    wait_until(
+        lambda: "something else is at the socket's path" in running.logs(),
+        timeout_s=NOTICE_S,
+        message="the warning",
+    )
+    assert running.stop() == 0
+    assert running.socket_path.read_text() == "not a socket\n"
+    assert running.logs().count("something else is at the socket's path") == 1
