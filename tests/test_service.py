@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from support import ChildOutput, bind_notify_socket, wait_until
 
+from capsule_client.cli import main as capsulectl
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled import service
 from capsuled.service import (
@@ -650,3 +651,19 @@ def test_status_text_follows_the_discovery_state() -> None:
     unavailable = snapshot_with("unavailable", gaps=["store unreadable", "more"])
     assert service.status_text(unavailable, "native") == "unavailable: store unreadable"
     assert "\n" not in service.status_text(snapshot_with("scanning"), "native")
+
+
+def test_capsulectl_names_the_pid_holding_the_lock_of_a_socket_that_is_gone(
+    short_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock = short_dir / "d.sock"
+    holder = start_lock_holder(sock)  # holds the lock; no socket at the path
+    try:
+        assert ChildOutput(holder.stdout).line() == b"locked"
+        assert capsulectl(["--socket", str(sock), "status"]) == 3
+        err = capsys.readouterr().err
+        assert f"but pid {holder.pid}, named in {service.lock_path_for(sock)}, still runs" in err
+        assert "it binds it again within a few seconds" in err
+        assert f"`kill {holder.pid}`" in err
+    finally:
+        stop(holder)

@@ -666,9 +666,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             print(
                 f"capsulectl: nothing accepts connections on {exc.socket_path} ({exc.reason}), "
                 f"but pid {holder}, named in {_lock_path(exc.socket_path)}, still runs.\n"
-                "If it is capsuled, its socket was removed (a clean-up of /tmp?), and a new "
-                f"capsuled would refuse to start beside it: stop it (`kill {holder}`), then "
-                "start capsuled again.",
+                "If it is capsuled, its socket was removed (a clean-up of /tmp?): it binds it "
+                "again within a few seconds. If it does not (a capsuled older than that, or "
+                f"one that is stuck), stop it (`kill {holder}`), then start capsuled again.",
                 file=sys.stderr,
             )
             return EXIT_NOT_RUNNING
