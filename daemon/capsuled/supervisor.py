@@ -195,13 +195,17 @@ class Daemon:
         is left alone, with one warning.
         """
         warned_foreign = False
+        failure: str | None = None  # the last failure to mend, warned about once
         while True:
             await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
             try:
                 done = await anyio.to_thread.run_sync(service.mend_listening, listening)
             except service.ServiceError as exc:
-                log.warning("could not mend the socket; serving the one held", error=str(exc))
+                if str(exc) != failure:
+                    failure = str(exc)
+                    log.warning("could not mend the socket; serving the one held", error=failure)
                 continue
+            failure = None
             if "taken" in done:
                 log.error(
                     "the lock file was removed and another daemon has locked it; stopping",

@@ -94,3 +94,22 @@ def test_something_else_at_the_socket_path_is_left_alone(running: DaemonProcess)
     assert running.stop() == 0
     assert running.socket_path.read_text() == "not a socket\n"
     assert running.logs().count("something else is at the socket's path") == 1
+
+
+def test_a_socket_that_cannot_be_made_again_is_warned_about_then_mended(
+    running: DaemonProcess,
+) -> None:
+    directory = running.socket_path.parent
+    with Client(running.socket_path) as before:
+        assert before.ping().pong  # connected
+        shutil.rmtree(directory)
+        directory.write_text("a file where the socket's directory was\n")
+        wait_until(
+            lambda: "could not mend the socket; serving the one held" in running.logs(),
+            timeout_s=NOTICE_S,
+            message="the warning",
+        )
+        assert before.ping().pong  # the connection made before goes on
+        directory.unlink()
+        wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+    assert "the socket file was removed; bound it again" in running.logs()
