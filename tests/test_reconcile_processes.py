@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from support import ChildOutput
 
 from capsule_client.protocol import LostReport
 from capsuled.reconcile import reconcile
@@ -95,7 +94,9 @@ def start_child(**args: Any) -> subprocess.Popen[str]:
         text=True,
     )
     assert child.stdout is not None
-    assert ChildOutput(child.stdout).line() == b"ready"
+    # readline(), not a raw read: without wait_for_go the outcome may follow at
+    # once, and child_outcome() reads it from the same buffer.
+    assert child.stdout.readline() == "ready\n"
     return child
 
 
