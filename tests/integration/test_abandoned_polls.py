@@ -10,6 +10,7 @@ import pytest
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
+from capsule_client.protocol import MAX_MESSAGE_BYTES
 
 
 def test_long_polls_abandoned_by_their_clients_free_their_slots(short_dir: Path) -> None:
@@ -81,6 +82,32 @@ def test_a_client_that_leaves_while_its_long_poll_waits_frees_its_slot(
                 # Its end-of-stream is readable before this status request is
                 # sent; half-closed, the peer still waits for its answer.
                 assert client.status().long_polls == 1
+        status = wait_until(
+            lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
+        )
+        assert status.long_polls == 0
+    assert "peer left during a request" in daemon.logs()
+
+
+def test_a_client_that_leaves_with_a_backlog_of_unread_requests_frees_its_slot(
+    daemon: DaemonProcess,
+) -> None:
+    """Behind the poll, more than the reader buffers (it pauses, and stops seeing
+    the socket): the peer's hang-up must still end the connection."""
+    with Client(daemon.socket_path) as client:
+        generation = client.snapshot(max_age_ms=0).generation
+        poll = {"since": generation, "timeout_ms": 3_600_000}
+        request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
+        ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode() + b"\n"
+        # Over the reader's pause threshold (a message's limit and a receive
+        # chunk) by one more chunk, which the socket buffer holds.
+        backlog = ping * ((MAX_MESSAGE_BYTES + 2 * 65536) // len(ping) + 1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(daemon.socket_path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+            sock.sendall(backlog)
         status = wait_until(
             lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
         )
