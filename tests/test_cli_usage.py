@@ -37,3 +37,14 @@ def test_a_top_interval_that_is_not_a_positive_number_up_to_an_hour_is_a_usage_e
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--interval" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("timeout", ["86401", "1e12", "1e300"])
+def test_a_timeout_longer_than_a_day_is_a_usage_error(
+    timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Checked before connecting: nothing listens on this socket.
+    assert main(["--socket", "/nonexistent/capsuled.sock", "--timeout", timeout, "ping"]) == 2
+    err = capsys.readouterr().err
+    assert "--timeout" in err and "at most 86400 seconds" in err
+    assert "Traceback" not in err

@@ -496,3 +496,18 @@ def test_a_scanning_answer_keeps_the_generation_of_the_last_settled_one(world: W
     again = world.ready()  # the move (a new owner) counts once, the scanning not at all
     assert pids(again) == {"ses_late": [("exec", process.pid)]}
     assert again.generation == settled.generation + 1
+
+
+@pytest.mark.parametrize("then", ["removed", "replaced-by-a-directory"])
+def test_a_symlinked_home_whose_link_changes_is_replaced_though_its_target_remains(
+    world: World, tmp_path: Path, then: str
+) -> None:
+    link = tmp_path / "home-link"
+    link.symlink_to(world.home)
+    reader = ActiveSessionReader(link, world.feed)
+    assert reader.observe().snapshot.discovery == "ready"
+    link.unlink()
+    if then == "replaced-by-a-directory":
+        link.mkdir(mode=0o700)
+    # world.home, the old target, is still there: the link is what was replaced.
+    assert reader.observe().home_replaced

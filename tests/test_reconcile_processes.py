@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support import ChildOutput
 
 from capsule_client.protocol import LostReport
 from capsuled.reconcile import reconcile
@@ -86,7 +87,8 @@ def lost_markers(trace: Path) -> list[dict[str, Any]]:
     return [r for r in records if r.get("event_type") == "shell_lost"]
 
 
-def start_child(**args: Any) -> subprocess.Popen[str]:
+def start_child(**args: Any) -> tuple[subprocess.Popen[str], ChildOutput]:
+    """The child, once ready, and its output (which may hold its outcome already)."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(args)],
         stdin=subprocess.PIPE,
@@ -94,20 +96,20 @@ def start_child(**args: Any) -> subprocess.Popen[str]:
         text=True,
     )
     assert child.stdout is not None
-    # readline(), not a raw read: without wait_for_go the outcome may follow at
-    # once, and child_outcome() reads it from the same buffer.
-    assert child.stdout.readline() == "ready\n"
-    return child
+    output = ChildOutput(child.stdout)
+    assert output.line() == b"ready"
+    return child, output
 
 
-def child_outcome(child: subprocess.Popen[str]) -> dict[str, Any]:
-    # Not communicate(): it would miss what readline() already buffered.
+def child_outcome(started: tuple[subprocess.Popen[str], ChildOutput]) -> dict[str, Any]:
+    # Through the same ChildOutput: a child not told to wait may have written
+    # its outcome with its ready line, into the one read that took both.
+    child, output = started
     assert child.stdin is not None and child.stdout is not None
     child.stdin.close()
-    with child.stdout:
-        out = child.stdout.read()
+    outcome: dict[str, Any] = output.json(timeout_s=30)
+    child.stdout.close()
     assert child.wait(timeout=30) == 0
-    outcome: dict[str, Any] = json.loads(out)
     return outcome
 
 
@@ -168,7 +170,7 @@ def test_twenty_processes_report_each_work_exactly_once(tmp_path: Path) -> None:
         )
         for n in range(20)
     ]
-    for child in children:
+    for child, _ in children:
         assert child.stdin is not None
         child.stdin.write("go\n")
         child.stdin.flush()

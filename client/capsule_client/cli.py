@@ -565,14 +565,20 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 }
 
 
+#: The longest ``--timeout``: a day (a socket timeout past about 9e9 s cannot be set at all).
+TIMEOUT_MAX_S: Final = 86400.0
+
+
 def _timeout_s(text: str) -> float:
-    """``--timeout``: a positive, finite number of seconds (else a usage error, exit 2)."""
+    """``--timeout``: positive seconds, at most a day (else a usage error, exit 2)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    if value > TIMEOUT_MAX_S:
+        raise argparse.ArgumentTypeError(f"must be at most {TIMEOUT_MAX_S:g} seconds, not {text!r}")
     return value
 
 
@@ -619,7 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         type=_timeout_s,
         default=argparse.SUPPRESS,
-        help=f"seconds to wait for a reply (default: {DEFAULT_TIMEOUT_S:g})",
+        help=f"seconds to wait for a reply, at most {TIMEOUT_MAX_S:g} "
+        f"(default: {DEFAULT_TIMEOUT_S:g})",
     )
     parser = argparse.ArgumentParser(
         prog="capsulectl",

@@ -1073,13 +1073,17 @@ class ActiveSessionReader:
     def _stat_home(self) -> tuple[int, int] | None:
         """The home's identity (device, inode), or None while it is missing.
 
+        The home is looked up by the path it was given (symlinks followed), not
+        by the path they resolved to: a symlink removed, or replaced by a
+        directory, replaces the home even though its old target still exists.
+
         Raises:
             _Unavailable: the home is refused (SPEC §3 strictness); the gap is
                 :func:`~capsuled.home.home_refusal`'s text, the same as at start.
             OSError: the home cannot be inspected.
         """
         try:
-            st = os.stat(self._home)
+            st = os.stat(self._home if self._alias is None else self._alias)
         except FileNotFoundError:
             return None
         refusal = home_refusal(st, self._home, self._uid)

@@ -86,7 +86,7 @@ class Connection:
         self._raw_socket: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         #: The requests received, line by line (registered with the event loop
         #: by :meth:`Server._serve_connection` for the connection's life).
-        self.lines = _LineReader(self._raw_socket, on_end=self._reading_ended)
+        self.lines = _LineReader(self._raw_socket, on_blind=self._reading_stopped)
         self._guarded = 0  # requests in unless_peer_leaves
         self._peer_check: asyncio.TimerHandle | None = None
 
@@ -109,11 +109,12 @@ class Connection:
         A long poll may wait up to an hour for a change: a client that gave up
         must not keep its connection slot (and the poll) alive that long.
         The line reader keeps receiving while the request runs, so it sees
-        end-of-stream; only then is the peer checked for a hang-up. A request
-        answered at once costs a counter, not a task.
+        end-of-stream; only then is the peer checked for a hang-up. A reader
+        paused by a backlog of unread requests sees nothing, so then too the
+        peer is checked. A request answered at once costs a counter, not a task.
         """
         self._guarded += 1
-        if self.lines.ended and self._peer_check is None:
+        if self.lines.blind:
             self._check_peer()
         try:
             return await call()
@@ -123,16 +124,21 @@ class Connection:
                 self._peer_check.cancel()
                 self._peer_check = None
 
-    def _reading_ended(self) -> None:
-        """The line reader saw end-of-stream or an error: check the peer if a request waits."""
-        if self._guarded and self._peer_check is None:
+    def _reading_stopped(self) -> None:
+        """The line reader saw end-of-stream or an error, or paused: check the peer
+        if a request waits."""
+        if self._guarded:
             self._check_peer()
 
     def _check_peer(self) -> None:
         # End of stream: the peer shut its writing side. If it only half-closed,
         # it still waits for the answer (docs/protocol.md); it is gone once the
         # socket also reports a hang-up, or the reader saw an error (a reset).
-        self._peer_check = None
+        # A paused reader would not see the end at all: the hang-up check is
+        # all there is until the request ends and reading resumes.
+        if self._peer_check is not None:
+            self._peer_check.cancel()  # one timer per connection, never a second chain
+            self._peer_check = None
         if not self._guarded:
             return
         if self.lines.failed or _hung_up(self._raw_socket):
@@ -260,17 +266,19 @@ class _LineReader:
 
     Args:
         sock: the connection's socket (non-blocking).
-        on_end: called once, on the event loop, when end-of-stream or an
-            error is first received, or at :meth:`stop`.
+        on_blind: called on the event loop when the reader stops watching
+            the socket: when end-of-stream or an error is first received, at
+            :meth:`stop`, and each time reading pauses (it no longer sees
+            the peer leave: see :attr:`blind`).
     """
 
     _PAUSE_BYTES = MAX_MESSAGE_BYTES + _RECEIVE_CHUNK
     _RESUME_BYTES = _RECEIVE_CHUNK
     _YIELD_EVERY = 16
 
-    def __init__(self, sock: socket.socket, *, on_end: Callable[[], None] | None = None) -> None:
+    def __init__(self, sock: socket.socket, *, on_blind: Callable[[], None] | None = None) -> None:
         self._sock = sock
-        self._on_end = on_end
+        self._on_blind = on_blind
         self._buffer = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading = False
@@ -280,6 +288,11 @@ class _LineReader:
         self.ended = False
         #: The socket failed (reset by the peer): it is gone, not half-closed.
         self.failed = False
+
+    @property
+    def blind(self) -> bool:
+        """Whether the reader would not notice the peer leave: it ended, or is paused."""
+        return self.ended or (self._loop is not None and not self._reading)
 
     @property
     def buffered(self) -> bool:
@@ -309,8 +322,8 @@ class _LineReader:
     def _end(self) -> None:
         if not self.ended:
             self.ended = True
-            if self._on_end is not None:
-                self._on_end()
+            if self._on_blind is not None:
+                self._on_blind()
         self._wake()
 
     def _wake(self) -> None:
@@ -332,6 +345,8 @@ class _LineReader:
         self._buffer += data
         if len(self._buffer) > self._PAUSE_BYTES:
             self._pause()
+            if self._on_blind is not None:
+                self._on_blind()
         self._wake()
 
     async def next_line(self) -> bytes | None:
@@ -692,30 +707,12 @@ class UnixListener:
     async def accept(self) -> UNIXSocketStream:
         """The next connection; raises ``OSError`` as ``accept(2)`` does."""
         while True:
-            sock = self.socket
             try:
-                client, _ = sock.accept()
+                client, _ = self.socket.accept()
             except BlockingIOError:
-                try:
-                    await anyio.wait_readable(sock)
-                except anyio.ClosedResourceError:
-                    if sock is self.socket:
-                        raise
-                    # replace(): go on with the new socket
+                await anyio.wait_readable(self.socket)
                 continue
             return await UNIXSocketStream.from_socket(client)
-
-    def replace(self, sock: socket.socket) -> None:
-        """Listen on ``sock`` from now on, and close the socket listened on so far.
-
-        A connection already accepted is unaffected; one waiting in the old
-        socket's backlog is lost with it (its file was gone: nobody could
-        connect to it any more, see :func:`capsuled.service.mend_listening`).
-        """
-        sock.setblocking(False)
-        old, self.socket = self.socket, sock
-        anyio.notify_closing(old)
-        old.close()
 
     async def aclose(self) -> None:
         """Stop listening (the socket file is the caller's to remove)."""

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
+from capsule_client.protocol import MAX_MESSAGE_BYTES
+from capsule_client.receipts import write_provider_client_receipt
 
 
 def test_long_polls_abandoned_by_their_clients_free_their_slots(short_dir: Path) -> None:
@@ -86,3 +90,55 @@ def test_a_client_that_leaves_while_its_long_poll_waits_frees_its_slot(
         )
         assert status.long_polls == 0
     assert "peer left during a request" in daemon.logs()
+
+
+def test_a_client_that_leaves_with_a_backlog_of_unread_requests_frees_its_slot(
+    daemon: DaemonProcess,
+) -> None:
+    """Behind the poll, more than the reader buffers (it pauses, and stops seeing
+    the socket): the peer's hang-up must still end the connection."""
+    with Client(daemon.socket_path) as client:
+        generation = client.snapshot(max_age_ms=0).generation
+        poll = {"since": generation, "timeout_ms": 3_600_000}
+        request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
+        ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode() + b"\n"
+        # Over the reader's pause threshold (a message's limit and a receive
+        # chunk) by one more chunk, which the socket buffer holds.
+        backlog = ping * ((MAX_MESSAGE_BYTES + 2 * 65536) // len(ping) + 1)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(daemon.socket_path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+            sock.sendall(backlog)
+        status = wait_until(
+            lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
+        )
+        assert status.long_polls == 0
+    assert "peer left during a request" in daemon.logs()
+
+
+def test_the_long_poll_count_returns_to_zero_after_a_timeout_and_after_a_change(
+    daemon: DaemonProcess,
+) -> None:
+    with Client(daemon.socket_path) as client:
+        generation = client.snapshot(max_age_ms=0).generation
+        timed_out = client.snapshot(since=generation, timeout_ms=200)
+        assert timed_out.generation == generation
+        assert client.status().long_polls == 0
+        with Client(daemon.socket_path) as poller:
+            answered: list[int] = []
+            waiter = threading.Thread(
+                target=lambda: answered.append(
+                    poller.snapshot(since=generation, timeout_ms=30_000).generation
+                )
+            )
+            waiter.start()
+            try:
+                wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+                # A live process's receipt (this test's own) changes the answer.
+                write_provider_client_receipt(daemon.home, "run_1", "inp_1", "cli_1", os.getpid())
+            finally:
+                waiter.join(timeout=30)
+            assert answered and answered[0] != generation
+        assert client.status().long_polls == 0

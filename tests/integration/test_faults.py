@@ -473,3 +473,26 @@ def test_the_home_deleted_and_recreated_is_recovered(
             message="a change after recovery",
         )
     assert back["gaps"] == [], back["gaps"]
+
+
+@pytest.mark.parametrize("watch", ["polling", "native"])
+def test_a_home_symlink_pointed_elsewhere_is_followed_though_its_old_target_remains(
+    short_dir: Path, sleeper: subprocess.Popen[bytes], watch: str
+) -> None:
+    before, after = short_dir / "before", short_dir / "after"
+    for target in (before, after):
+        target.mkdir(mode=0o700)
+    live_session(before, sleeper, "ses_before")
+    home = short_dir / "home"
+    home.symlink_to(before)
+    with DaemonProcess(home, short_dir / "l.sock", ["--watch", watch]) as daemon:
+        assert sessions_of(fresh_snapshot(daemon)) == {"ses_before"}
+        live_session(after, sleeper, "ses_after")
+        relinked = short_dir / "relinked"
+        relinked.symlink_to(after)
+        relinked.rename(home)  # as `ln -sfn`: the old target stays where it was
+        wait_until(
+            lambda: sessions_of(fresh_snapshot(daemon)) == {"ses_after"},
+            timeout_s=10,
+            message="the sessions of the new target",
+        )
