@@ -707,12 +707,30 @@ class UnixListener:
     async def accept(self) -> UNIXSocketStream:
         """The next connection; raises ``OSError`` as ``accept(2)`` does."""
         while True:
+            sock = self.socket
             try:
-                client, _ = self.socket.accept()
+                client, _ = sock.accept()
             except BlockingIOError:
-                await anyio.wait_readable(self.socket)
+                try:
+                    await anyio.wait_readable(sock)
+                except anyio.ClosedResourceError:
+                    if sock is self.socket:
+                        raise
+                    # replace(): go on with the new socket
                 continue
             return await UNIXSocketStream.from_socket(client)
+
+    def replace(self, sock: socket.socket) -> None:
+        """Listen on ``sock`` from now on, and close the socket listened on so far.
+
+        A connection already accepted is unaffected; one waiting in the old
+        socket's backlog is lost with it (its file was gone: nobody could
+        connect to it any more, see :func:`capsuled.service.mend_listening`).
+        """
+        sock.setblocking(False)
+        old, self.socket = self.socket, sock
+        anyio.notify_closing(old)
+        old.close()
 
     async def aclose(self) -> None:
         """Stop listening (the socket file is the caller's to remove)."""
