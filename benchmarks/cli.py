@@ -16,7 +16,16 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks.harness import ROOT, Context, NotMeasured, Result, Scenario, load_average
+from benchmarks.harness import (
+    ROOT,
+    Context,
+    NotMeasured,
+    Result,
+    Scenario,
+    cpu_clock,
+    load_average,
+    steal_percent,
+)
 from benchmarks.machine import describe_machine
 from benchmarks.report import render_json, render_markdown, render_table
 from benchmarks.scenarios import SCENARIOS, by_number
@@ -64,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run_one(scenario: Scenario, ctx: Context) -> Result:
     ctx.log(f"{scenario.number}: {scenario.title}")
     load_before = load_average()
+    clock_before = cpu_clock()
     started = time.monotonic()
     outcome = None
     not_measured = failure = None
@@ -83,6 +93,7 @@ def _run_one(scenario: Scenario, ctx: Context) -> Result:
         failure=failure,
         load_before=load_before,
         load_after=load_average(),
+        steal_percent=steal_percent(clock_before, cpu_clock()),
     )
 
 

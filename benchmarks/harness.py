@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+import psutil
+
 if TYPE_CHECKING:
     from benchmarks.homes import GeneratedHome, SleepPool
 
@@ -33,10 +35,12 @@ __all__ = [
     "Status",
     "Table",
     "Verdict",
+    "cpu_clock",
     "judge",
     "load_average",
     "report",
     "require_modules",
+    "steal_percent",
 ]
 
 T = TypeVar("T")
@@ -129,6 +133,7 @@ class Result:
     failure: str | None = None
     load_before: float | None = None
     load_after: float | None = None
+    steal_percent: float | None = None
 
     @property
     def verdicts(self) -> Sequence[Verdict]:
@@ -207,6 +212,31 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
+
+
+def cpu_clock() -> tuple[float, float] | None:
+    """All CPUs' time so far and the part of it stolen by the hypervisor, in seconds.
+
+    ``None`` where the kernel does not report steal time (not Linux).
+    """
+    times = psutil.cpu_times()
+    steal = getattr(times, "steal", None)
+    if steal is None:
+        return None
+    return float(sum(times)), float(steal)
+
+
+def steal_percent(
+    before: tuple[float, float] | None, after: tuple[float, float] | None
+) -> float | None:
+    """The share of CPU time stolen between two :func:`cpu_clock` readings, percent.
+
+    On a virtual machine, steal is time a vCPU wanted to run and the host ran
+    something else: the same code then takes longer, whatever it is.
+    """
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 100 * (after[1] - before[1]) / (after[0] - before[0])
 
 
 def require_modules(*names: str) -> None:

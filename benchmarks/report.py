@@ -57,7 +57,10 @@ def _section(result: Result) -> list[str]:
             f"; 1-minute load average {result.load_before:.2f} before, "
             f"{result.load_after:.2f} after"
         )
-    lines += [f"- Took {result.elapsed_s:.1f} s{load}.", ""]
+    steal = ""
+    if result.steal_percent is not None:
+        steal = f"; CPU time stolen by the hypervisor meanwhile {result.steal_percent:.1f} %"
+    lines += [f"- Took {result.elapsed_s:.1f} s{load}{steal}.", ""]
     return lines
 
 
@@ -107,6 +110,7 @@ def render_json(
                 "elapsed_s": r.elapsed_s,
                 "load_before": r.load_before,
                 "load_after": r.load_after,
+                "steal_percent": r.steal_percent,
                 "not_measured": r.not_measured,
                 "failure": r.failure,
                 "tables": [
