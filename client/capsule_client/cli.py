@@ -29,6 +29,7 @@ from ._exceptions import (
     CapsuleError,
     ConnectionLost,
     DaemonNotRunning,
+    Overloaded,
     RemoteError,
     RequestTimeout,
     ShuttingDown,
@@ -291,6 +292,10 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
 #: Seconds between two attempts to reach a daemon that went away under ``watch``.
 WATCH_RECONNECT_INTERVAL_S: Final = 0.2
 
+#: What ends a ``watch`` or ``top`` connection without ending the command: the
+#: daemon restarting, or too busy to take the connection (-32002) for now.
+_RECONNECT_ON: Final = (ConnectionLost, DaemonNotRunning, ShuttingDown, Overloaded)
+
 
 def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """``capsulectl watch``: print every change until interrupted.
@@ -312,7 +317,7 @@ def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             except SubscriptionDropped as exc:
                 # The next subscription starts with the whole answer again.
                 print(f"capsulectl: {exc}; subscribing again", file=sys.stderr)
-            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
+            except _RECONNECT_ON as exc:
                 if not answered:
                     raise
                 print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
@@ -330,8 +335,18 @@ def _wait_for_daemon(client: Client) -> None:
         try:
             client.ping()
             return
-        except (ConnectionLost, DaemonNotRunning, RequestTimeout, ShuttingDown):
+        except (*_RECONNECT_ON, RequestTimeout):
             time.sleep(WATCH_RECONNECT_INTERVAL_S)
+
+
+def _snapshot_again(client: Client) -> ActiveSessionsSnapshot:
+    """``top``'s first answer from a daemon that came back (it may go away again meanwhile)."""
+    while True:
+        _wait_for_daemon(client)
+        try:
+            return client.snapshot(usage=True)
+        except _RECONNECT_ON:
+            continue
 
 
 def _lock_path(socket_path: Path) -> Path:
@@ -434,11 +449,10 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
                 snapshot = client.snapshot(
                     usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
                 )
-            except (ConnectionLost, DaemonNotRunning, ShuttingDown) as exc:
-                # A restart: the new daemon's generations count from 1 again.
+            except _RECONNECT_ON as exc:
+                # A restart: the new daemon's generations start elsewhere.
                 print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
-                _wait_for_daemon(client)
-                snapshot = client.snapshot(usage=True)
+                snapshot = _snapshot_again(client)
     except KeyboardInterrupt:
         return EXIT_OK
     except BrokenPipeError:
