@@ -20,6 +20,15 @@ def test_defaults_follow_xdg() -> None:
     assert default_home({"XDG_STATE_HOME": ""}) == Path.home() / ".local/state/capsule"
 
 
+def test_relative_xdg_directories_are_ignored() -> None:
+    """The XDG base directory specification: a relative path in these variables is invalid."""
+    env = {"XDG_STATE_HOME": "state", "XDG_RUNTIME_DIR": "run/user/1"}
+    assert default_home(env) == Path.home() / ".local/state/capsule"
+    assert default_socket(environ=env) == Path.home() / ".local/state/capsule/capsuled.sock"
+    # capsuled's own variables are taken as given.
+    assert default_home({"CAPSULE_HOME": "rel", **env}) == Path("rel")
+
+
 def test_flag_beats_environment_beats_default() -> None:
     env = {"CAPSULE_HOME": "/env-home", "CAPSULED_SAMPLE_INTERVAL": "2.5"}
     config = parse_args([], env)

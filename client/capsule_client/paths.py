@@ -20,28 +20,39 @@ def default_home(environ: Mapping[str, str] | None = None) -> Path:
     """The home directory runtimes write receipts into.
 
     ``$CAPSULE_HOME``, else ``$XDG_STATE_HOME/capsule``, else
-    ``~/.local/state/capsule`` (SPEC §2). Empty variables count as unset, as
-    the XDG base directory specification asks.
+    ``~/.local/state/capsule`` (SPEC §2). Empty variables count as unset, and
+    a relative ``$XDG_STATE_HOME`` is ignored, as the XDG base directory
+    specification asks.
     """
     env = os.environ if environ is None else environ
     if home := env.get("CAPSULE_HOME"):
         return Path(home).expanduser()
-    if state := env.get("XDG_STATE_HOME"):
-        return Path(state).expanduser() / "capsule"
+    if state := _xdg_dir(env, "XDG_STATE_HOME"):
+        return state / "capsule"
     return Path.home() / ".local" / "state" / "capsule"
+
+
+def _xdg_dir(env: Mapping[str, str], name: str) -> Path | None:
+    """``$name`` as a path, or ``None`` when it is unset, empty or relative (XDG spec)."""
+    value = env.get(name)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else None
 
 
 def default_socket(home: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """The daemon's Unix socket.
 
     ``$CAPSULED_SOCKET``, else ``$XDG_RUNTIME_DIR/capsuled.sock``, else
-    ``<home>/capsuled.sock`` (SPEC §2).
+    ``<home>/capsuled.sock`` (SPEC §2). An empty or relative
+    ``$XDG_RUNTIME_DIR`` is ignored (XDG base directory specification).
     """
     env = os.environ if environ is None else environ
     if sock := env.get("CAPSULED_SOCKET"):
         return Path(sock).expanduser()
-    if runtime := env.get("XDG_RUNTIME_DIR"):
-        return Path(runtime) / SOCKET_NAME
+    if runtime := _xdg_dir(env, "XDG_RUNTIME_DIR"):
+        return runtime / SOCKET_NAME
     return (default_home(env) if home is None else home) / SOCKET_NAME
 
 
