@@ -17,7 +17,6 @@ connection, so a stuck reader cannot hold a request slot forever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import errno
 import os
@@ -74,13 +73,7 @@ _RECEIVE_CHUNK = 65536
 class Connection:
     """One client connection: its stream, a send lock, and whether it is busy."""
 
-    def __init__(
-        self,
-        stream: SocketStream,
-        number: int,
-        write_timeout_s: float,
-        send_budget: SendBudget | None = None,
-    ) -> None:
+    def __init__(self, stream: SocketStream, number: int, write_timeout_s: float) -> None:
         self.stream = stream
         self.number = number
         self.busy = False
@@ -95,8 +88,6 @@ class Connection:
         #: by :meth:`Server._serve_connection` for the connection's life).
         self.lines = _LineReader(self._raw_socket, on_blind=self._reading_stopped)
         self._guarded = 0  # requests in unless_peer_leaves
-        self._send_budget = send_budget
-        self._send_buffer_bytes = 0  # taken from the budget for this connection
         self._peer_check: asyncio.TimerHandle | None = None
 
     def call_after_reply(self, callback: Callable[[], None]) -> None:
@@ -208,24 +199,7 @@ class Connection:
             self._send_lock.release()
 
     async def _send_rest(self, raw: socket.socket, pending: list[memoryview]) -> bool:
-        """Send ``pending`` as the socket drains, within the write timeout (lock held).
-
-        A large reply that did not fit in the socket's buffer grows the
-        buffer, once per connection, to at most ``_LARGE_SEND_BUFFER_BYTES``:
-        a megabyte snapshot then crosses in a few wake-ups of the peer instead
-        of one per default buffer (about 208 KiB). The kernel caps the size at
-        ``net.core.wmem_max``, and the server's :class:`SendBudget` caps the
-        sum over its connections, so that peers which do not read cannot pin
-        more kernel memory than that.
-        """
-        if not self._send_buffer_bytes and self._send_budget is not None:
-            remaining = sum(len(part) for part in pending)
-            if remaining >= _GROW_SEND_BUFFER_ABOVE_BYTES:
-                size = self._send_budget.take(min(remaining, _LARGE_SEND_BUFFER_BYTES))
-                if size:
-                    self._send_buffer_bytes = size
-                    with contextlib.suppress(OSError):
-                        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        """Send ``pending`` as the socket drains, within the write timeout (lock held)."""
         with anyio.move_on_after(self._write_timeout_s) as timeout:
             try:
                 while pending:
@@ -249,12 +223,6 @@ class Connection:
         """Whether a line is being written (others wait for it)."""
         return self._send_lock.locked()
 
-    def release_send_buffer(self) -> None:
-        """Give the connection's share of the send budget back (it is closing)."""
-        if self._send_budget is not None and self._send_buffer_bytes:
-            self._send_budget.give(self._send_buffer_bytes)
-            self._send_buffer_bytes = 0
-
     def notify_closing(self) -> None:
         """Wake a sender waiting for the socket to drain: it is about to be closed."""
         if self._raw_socket.fileno() >= 0:
@@ -266,34 +234,6 @@ _NEWLINE = memoryview(b"\n")
 #: ``send(2)``: at ping sizes, ``sendmsg(2)`` of two parts cost the server a
 #: fifth more CPU per request.
 _JOIN_BELOW_BYTES = 64 * 1024
-#: The send buffer asked for once a large reply did not fit (``Connection._send_rest``).
-_LARGE_SEND_BUFFER_BYTES = 4 * 1024 * 1024
-#: Left over after the first send, a reply at least this large grows the buffer.
-_GROW_SEND_BUFFER_ABOVE_BYTES = 256 * 1024
-#: The sum of grown send buffers a server allows at once: 16 of the largest.
-SEND_BUDGET_BYTES = 16 * _LARGE_SEND_BUFFER_BYTES
-
-
-class SendBudget:
-    """Bytes of enlarged socket send buffers that a server's connections may hold at once.
-
-    Args:
-        total: the bytes, shared by all connections.
-    """
-
-    def __init__(self, total: int = SEND_BUDGET_BYTES) -> None:
-        self.left = total
-
-    def take(self, wanted: int) -> int:
-        """``wanted`` bytes if that many are left, else 0 (no partial grants)."""
-        if wanted > self.left:
-            return 0
-        self.left -= wanted
-        return wanted
-
-    def give(self, size: int) -> None:
-        """Return what :meth:`take` granted."""
-        self.left += size
 
 
 def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
@@ -482,7 +422,6 @@ class Server:
         self._connection_closed = anyio.Event()
         self._stopping = False
         self._spare_fd: int | None = None
-        self._send_budget = SendBudget()
 
     @property
     def clients(self) -> int:
@@ -585,7 +524,7 @@ class Server:
             connection.scope.cancel()
 
     async def _serve_connection(self, stream: SocketStream, number: int) -> None:
-        connection = Connection(stream, number, self.write_timeout_s, self._send_budget)
+        connection = Connection(stream, number, self.write_timeout_s)
         self.connections.add(connection)
         try:
             with connection.scope:
@@ -599,7 +538,6 @@ class Server:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
             self.connections.discard(connection)
-            connection.release_send_buffer()
             connection.closed.set()
             # Wake every waiter, then arm a fresh event for the next close.
             self._connection_closed.set()
