@@ -48,3 +48,13 @@ def test_a_timeout_longer_than_a_day_is_a_usage_error(
     err = capsys.readouterr().err
     assert "--timeout" in err and "at most 86400 seconds" in err
     assert "Traceback" not in err
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = "/tmp/" + "d" * 120 + "/capsuled.sock"
+    assert main(["--socket", path, "status"]) == 2
+    err = capsys.readouterr().err
+    assert f"socket path {path} is longer than the 107 bytes a Unix socket allows" in err
+    assert "not running" not in err

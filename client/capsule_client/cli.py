@@ -35,6 +35,7 @@ from ._exceptions import (
     ShuttingDown,
     SubscriptionDropped,
 )
+from .paths import default_socket
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -50,6 +51,9 @@ EXIT_OK: Final = 0
 EXIT_REMOTE_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
+
+#: ``sun_path`` holds 108 bytes on Linux and 104 on macOS, the final NUL included.
+MAX_SOCKET_PATH_BYTES: Final = 107 if sys.platform.startswith("linux") else 103
 
 Command = Callable[[Client, argparse.Namespace, TextIO], int]
 
@@ -673,8 +677,16 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     options.update({k: v for k, v in vars(args).items() if k in options})
     args.json = options["json"]
     command, _ = COMMANDS[args.command]
+    socket_path = default_socket() if options["socket"] is None else Path(options["socket"])
+    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES:
+        print(
+            f"capsulectl: socket path {socket_path} is longer than the {MAX_SOCKET_PATH_BYTES} "
+            "bytes a Unix socket allows; choose a shorter --socket or $CAPSULED_SOCKET",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
-        with Client(options["socket"], timeout_s=options["timeout"]) as client:
+        with Client(socket_path, timeout_s=options["timeout"]) as client:
             code = command(client, args, out)
             out.flush()  # a closed pipe is noticed here, not at the exit's flush
             return code
