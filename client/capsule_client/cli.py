@@ -35,7 +35,7 @@ from ._exceptions import (
     ShuttingDown,
     SubscriptionDropped,
 )
-from .paths import default_socket
+from .paths import MAX_SOCKET_PATH_BYTES, default_socket
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -51,9 +51,6 @@ EXIT_OK: Final = 0
 EXIT_REMOTE_ERROR: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOT_RUNNING: Final = 3
-
-#: ``sun_path`` holds 108 bytes on Linux and 104 on macOS, the final NUL included.
-MAX_SOCKET_PATH_BYTES: Final = 107 if sys.platform.startswith("linux") else 103
 
 Command = Callable[[Client, argparse.Namespace, TextIO], int]
 

@@ -8,12 +8,23 @@ finds it without flags.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["default_home", "default_socket", "records_root", "store_path"]
+__all__ = [
+    "MAX_SOCKET_PATH_BYTES",
+    "default_home",
+    "default_socket",
+    "records_root",
+    "store_path",
+]
 
 SOCKET_NAME = "capsuled.sock"
+
+#: The longest socket path a Unix socket takes, in bytes: ``sun_path`` holds
+#: 108 bytes on Linux and 104 on macOS, the final NUL included.
+MAX_SOCKET_PATH_BYTES = 107 if sys.platform.startswith("linux") else 103
 
 
 def default_home(environ: Mapping[str, str] | None = None) -> Path:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from capsule_client.paths import default_home, default_socket
+from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
 from capsule_client.protocol import WatcherMode
 
 from . import __version__
@@ -235,9 +235,10 @@ def parse_args(
         overrides["max_connections"] = _positive_int("max connections", text)
     if (text := pick("max_pidfds")) is not None:
         overrides["max_pidfds"] = _positive_int("max pidfds", text)
-    if len(os.fsencode(socket)) > 107:
+    if len(os.fsencode(socket)) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
-            f"socket path {socket} is longer than the 107 bytes a Unix socket allows; "
+            f"socket path {socket} is longer than the {MAX_SOCKET_PATH_BYTES} bytes "
+            "a Unix socket allows; "
             "choose a shorter --socket"
         )
     return replace(config, **overrides)  # type: ignore[arg-type]

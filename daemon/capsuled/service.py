@@ -49,6 +49,7 @@ import anyio
 import msgspec
 import structlog
 
+from capsule_client.paths import MAX_SOCKET_PATH_BYTES
 from capsule_client.protocol import (
     JSONRPC_VERSION,
     ActiveSessionsSnapshot,
@@ -95,8 +96,6 @@ _log = structlog.get_logger(__name__)
 LISTEN_FDS_START: Final = 3
 _ACTIVATION_VARIABLES: Final = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
-#: ``sun_path`` is 108 bytes on Linux and 104 on macOS, including the final NUL.
-MAX_SOCKET_PATH_BYTES: Final = 107 if sys.platform.startswith("linux") else 103
 
 #: How long a second daemon waits for the first to write its pid into the lock
 #: file when it finds the lock taken but the file still empty.
