@@ -35,7 +35,7 @@ from ._exceptions import (
     ShuttingDown,
     SubscriptionDropped,
 )
-from .paths import MAX_SOCKET_PATH_BYTES, default_socket
+from .paths import MAX_SOCKET_PATH_BYTES, default_socket, lock_path_for
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -350,11 +350,6 @@ def _snapshot_again(client: Client) -> ActiveSessionsSnapshot:
             continue
 
 
-def _lock_path(socket_path: Path) -> Path:
-    """The daemon's lock file beside its socket (``<socket>.lock``, docs/service.md)."""
-    return socket_path.with_name(socket_path.name + ".lock")
-
-
 def _lock_holder(socket_path: Path) -> int | None:
     """The pid a daemon wrote in its lock file, if a process with that pid runs.
 
@@ -362,7 +357,7 @@ def _lock_holder(socket_path: Path) -> int | None:
     which another process may have taken since: callers say "if it is capsuled".
     """
     try:
-        pid = int(_lock_path(socket_path).read_text(encoding="ascii").strip())
+        pid = int(lock_path_for(socket_path).read_text(encoding="ascii").strip())
         if pid <= 0:
             return None
         os.kill(pid, 0)
@@ -695,7 +690,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         if holder is not None:
             print(
                 f"capsulectl: nothing accepts connections on {exc.socket_path} ({exc.reason}), "
-                f"but pid {holder}, named in {_lock_path(exc.socket_path)}, still runs.\n"
+                f"but pid {holder}, named in {lock_path_for(exc.socket_path)}, still runs.\n"
                 "If it is capsuled, its socket was removed (a clean-up of /tmp?): it binds it "
                 "again within a few seconds. If it does not (a capsuled older than that, or "
                 f"one that is stuck), stop it (`kill {holder}`), then start capsuled again.",

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_SOCKET_PATH_BYTES",
     "default_home",
     "default_socket",
+    "lock_path_for",
     "records_root",
     "store_path",
 ]
@@ -65,6 +66,11 @@ def default_socket(home: Path | None = None, environ: Mapping[str, str] | None =
     if runtime := _xdg_dir(env, "XDG_RUNTIME_DIR"):
         return runtime / SOCKET_NAME
     return (default_home(env) if home is None else home) / SOCKET_NAME
+
+
+def lock_path_for(socket_path: Path) -> Path:
+    """``<socket>.lock``: the daemon's lock file beside its socket (docs/service.md)."""
+    return socket_path.with_name(socket_path.name + ".lock")
 
 
 def records_root(home: Path) -> Path:

@@ -238,7 +238,6 @@ def parse_args(
     if len(os.fsencode(socket)) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
             f"socket path {socket} is longer than the {MAX_SOCKET_PATH_BYTES} bytes "
-            "a Unix socket allows; "
-            "choose a shorter --socket"
+            "a Unix socket allows; choose a shorter --socket"
         )
     return replace(config, **overrides)  # type: ignore[arg-type]

@@ -49,7 +49,7 @@ import anyio
 import msgspec
 import structlog
 
-from capsule_client.paths import MAX_SOCKET_PATH_BYTES
+from capsule_client.paths import MAX_SOCKET_PATH_BYTES, lock_path_for
 from capsule_client.protocol import (
     JSONRPC_VERSION,
     ActiveSessionsSnapshot,
@@ -95,7 +95,6 @@ _log = structlog.get_logger(__name__)
 #: The first file descriptor systemd passes (``SD_LISTEN_FDS_START``, sd_listen_fds(3)).
 LISTEN_FDS_START: Final = 3
 _ACTIVATION_VARIABLES: Final = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
-
 
 #: How long a second daemon waits for the first to write its pid into the lock
 #: file when it finds the lock taken but the file still empty.
@@ -200,11 +199,6 @@ def _make_private_dirs(path: Path) -> None:
 
 # --------------------------------------------------------------------------
 # One daemon per socket (SPEC §8)
-
-
-def lock_path_for(socket_path: Path) -> Path:
-    """``<socket>.lock``: the lock file beside the socket."""
-    return socket_path.with_name(socket_path.name + ".lock")
 
 
 def prepare_socket_directory(socket_path: Path) -> None:
