@@ -577,33 +577,31 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
 
 #: The longest ``--timeout``: a day (a socket timeout past about 9e9 s cannot be set at all).
 TIMEOUT_MAX_S: Final = 86400.0
+#: The longest ``top --interval``: the daemon's longest long poll (``timeout_ms``).
+TOP_INTERVAL_MAX_S: Final = 3600.0
 
 
-def _timeout_s(text: str) -> float:
-    """``--timeout``: positive seconds, at most a day (else a usage error, exit 2)."""
+def _seconds(text: str, max_s: float) -> float:
+    """Positive seconds, at most ``max_s`` (else a usage error, exit 2)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    if value > TIMEOUT_MAX_S:
-        raise argparse.ArgumentTypeError(f"must be at most {TIMEOUT_MAX_S:g} seconds, not {text!r}")
+    if value > max_s:
+        raise argparse.ArgumentTypeError(f"must be at most {max_s:g} seconds, not {text!r}")
     return value
 
 
-#: The longest ``top --interval``: the daemon's longest long poll (``timeout_ms``).
-TOP_INTERVAL_MAX_S: Final = 3600.0
+def _timeout_s(text: str) -> float:
+    """``--timeout``: positive seconds, at most a day."""
+    return _seconds(text, TIMEOUT_MAX_S)
 
 
 def _interval_s(text: str) -> float:
-    """``top --interval``: positive seconds, at most an hour (else a usage error, exit 2)."""
-    value = _timeout_s(text)
-    if value > TOP_INTERVAL_MAX_S:
-        raise argparse.ArgumentTypeError(
-            f"must be at most {TOP_INTERVAL_MAX_S:g} seconds, not {text!r}"
-        )
-    return value
+    """``top --interval``: positive seconds, at most an hour."""
+    return _seconds(text, TOP_INTERVAL_MAX_S)
 
 
 def _socket_path(text: str) -> str:
