@@ -432,11 +432,7 @@ def remove_socket(bound: BoundSocket) -> bool:
     Returns:
         True if a file was removed.
     """
-    try:
-        st = os.lstat(bound.path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != (bound.device, bound.inode):
+    if not _socket_is(bound):
         return False
     try:
         os.unlink(bound.path)
@@ -581,7 +577,7 @@ def open_listener(
 
 
 #: What :func:`mend_listening` did or found.
-SocketMend = Literal["relocked", "rebound", "foreign", "taken"]
+SocketMend = Literal["relocked", "rebound", "foreign", "contested", "taken"]
 
 
 def mend_listening(listening: Listening) -> list[SocketMend]:
@@ -595,9 +591,14 @@ def mend_listening(listening: Listening) -> list[SocketMend]:
 
     Returns, in this order, what applied (nothing when both files are intact):
 
-    - ``"taken"``: the lock file was removed or replaced, and another process
-      holds the lock at its path now (a second daemon started meanwhile). The
-      path is theirs: nothing else is done, and this daemon should stop.
+    - ``"taken"``: the lock file was removed or replaced, another process
+      holds the lock at its path now (a second daemon started meanwhile), and
+      the socket at the path is not this daemon's any more. The path is
+      theirs: nothing else is done, and this daemon should stop.
+    - ``"contested"``: as ``"taken"``, but this daemon's socket is still at
+      the path. A second daemon refuses to start beside a live socket and
+      lets its lock go, so nothing is done now: the lock is taken again at a
+      later call, once it is free.
     - ``"relocked"``: the lock file was removed or replaced; the lock is taken
       again at its path, with this daemon's pid.
     - ``"rebound"``: the socket file was missing; a socket is bound again at
@@ -622,21 +623,28 @@ def mend_listening(listening: Listening) -> list[SocketMend]:
         try:
             fresh = acquire_socket_lock(bound.path)
         except AlreadyRunning:
-            return ["taken"]
+            return ["contested"] if _socket_is(bound) else ["taken"]
         listening.lock.release_unlinked()
         listening.lock = fresh
         done.append("relocked")
-    try:
-        st = os.lstat(bound.path)
-    except FileNotFoundError:
+    if not os.path.lexists(bound.path):
         prepare_socket_directory(bound.path)
         listening.bound = bind_unix_socket(bound.path)
         listening.sock = listening.bound.sock
         done.append("rebound")
-    else:
-        if (st.st_dev, st.st_ino) != (bound.device, bound.inode):
-            done.append("foreign")
+    elif not _socket_is(bound):
+        done.append("foreign")
     return done
+
+
+def _socket_is(bound: BoundSocket) -> bool:
+    """Whether the file at ``bound.path`` is still the socket :func:`bind_unix_socket` made
+    (a socket with its device and inode: an inode number may be reused)."""
+    try:
+        st = os.lstat(bound.path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (bound.device, bound.inode)
 
 
 # --------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import signal
 import time
+from typing import Final
 
 import anyio
 import structlog
@@ -42,6 +43,13 @@ log = structlog.get_logger("capsuled")
 #: How often a daemon that bound its own socket checks that the socket and
 #: lock files are still its own (:meth:`Daemon._keep_socket`), seconds.
 SOCKET_CHECK_INTERVAL_S = 2.0
+#: What the socket check may find again and again: warned about once while it lasts.
+_LASTING: Final = {
+    "contested": "the lock file was removed and another process holds the new one; "
+    "serving on, and locking it again once it is free",
+    "foreign": "something else is at the socket's path; this daemon cannot be reached "
+    "through it and leaves it alone",
+}
 
 
 class StartupError(Exception):
@@ -189,23 +197,20 @@ class Daemon:
     async def _keep_socket(self, listening: service.Listening, listener: UnixListener) -> None:
         """Every ``SOCKET_CHECK_INTERVAL_S``, mend the socket and lock files (docs/service.md).
 
-        A removed socket is bound again; a removed lock is taken again, and
-        if a second daemon took it first, this one stops with exit status 1
-        and leaves the path to it. Something else put at the socket's path
-        is left alone, with one warning.
+        A removed socket is bound again; a removed lock is taken again. If a
+        second daemon took the lock first and the socket is no longer this
+        daemon's, this one stops with exit status 1 and leaves the path to it.
+        What lasts (something else at the socket's path, a lock another
+        process holds, a failure to mend) is warned about once while it lasts.
         """
-        warned_foreign = False
-        failure: str | None = None  # the last failure to mend, warned about once
+        lasting: set[str] = set()  # what the last check found, warned about already
         while True:
             await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
             try:
                 done = await anyio.to_thread.run_sync(service.mend_listening, listening)
+                failure = None
             except service.ServiceError as exc:
-                if str(exc) != failure:
-                    failure = str(exc)
-                    log.warning("could not mend the socket; serving the one held", error=failure)
-                continue
-            failure = None
+                done, failure = [], str(exc)
             if "taken" in done:
                 log.error(
                     "the lock file was removed and another daemon has locked it; stopping",
@@ -223,13 +228,15 @@ class Daemon:
                 log.warning(
                     "the socket file was removed; bound it again", socket=str(listening.path)
                 )
-            if "foreign" in done and not warned_foreign:
+            found = {key for key in _LASTING if key in done} | ({failure} if failure else set())
+            for key in sorted(found - lasting):
                 log.warning(
-                    "something else is at the socket's path; this daemon cannot be reached "
-                    "through it and leaves it alone",
+                    _LASTING.get(key, "could not mend the socket; serving the one held"),
                     socket=str(listening.path),
+                    lock=str(listening.lock.path),
+                    **({} if key in _LASTING else {"error": key}),
                 )
-            warned_foreign = "foreign" in done
+            lasting = found
 
     async def _drain(self) -> None:
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))

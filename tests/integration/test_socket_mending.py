@@ -70,17 +70,51 @@ def test_a_removed_socket_directory_is_made_again(running: DaemonProcess) -> Non
     assert refused.value.pid == running.pid
 
 
-def test_a_daemon_whose_lock_another_took_stops_with_status_1(running: DaemonProcess) -> None:
+def test_a_daemon_whose_lock_and_socket_another_took_stops_with_status_1(
+    running: DaemonProcess,
+) -> None:
+    """Both files removed, and a second daemon locked and bound the path first: it is theirs."""
+    lock_path = service.lock_path_for(running.socket_path)
+    lock_path.unlink()
+    running.socket_path.unlink()
+    rival = service.acquire_socket_lock(running.socket_path, pid=os.getpid())
+    try:
+        with service.bind_unix_socket(running.socket_path).sock as rival_socket:
+            assert running.process is not None
+            assert running.process.wait(timeout=NOTICE_S) == 1
+            assert "another daemon has locked it; stopping" in running.logs()
+            assert lock_path.read_text() == f"{os.getpid()}\n"  # the rival's lock is untouched
+            assert running.socket_path.exists()  # and so is its socket
+            assert rival_socket.fileno() >= 0
+    finally:
+        rival.release()
+
+
+def test_a_lock_held_by_another_beside_a_live_socket_is_waited_out(
+    running: DaemonProcess,
+) -> None:
+    """A second daemon refuses to start beside this one's live socket and lets its lock go:
+    this one serves on meanwhile, and takes the lock again once it is free."""
     lock_path = service.lock_path_for(running.socket_path)
     lock_path.unlink()
     rival = service.acquire_socket_lock(running.socket_path, pid=os.getpid())
     try:
-        assert running.process is not None
-        assert running.process.wait(timeout=NOTICE_S) == 1
-        assert "another daemon has locked it; stopping" in running.logs()
-        assert lock_path.read_text() == f"{os.getpid()}\n"  # the rival's lock is untouched
+        wait_until(
+            lambda: "another process holds the new one; serving on" in running.logs(),
+            timeout_s=NOTICE_S,
+            message="the warning",
+        )
+        assert answers(running.socket_path)
     finally:
         rival.release()
+    wait_until(
+        lambda: lock_path.read_text() == f"{running.pid}\n",
+        timeout_s=NOTICE_S,
+        message="the daemon to lock again",
+    )
+    assert "the lock file was removed; locked it again" in running.logs()
+    assert running.logs().count("another process holds the new one") == 1
+    assert running.process is not None and running.process.poll() is None
 
 
 def test_something_else_at_the_socket_path_is_left_alone(running: DaemonProcess) -> None:
