@@ -60,9 +60,9 @@ class Api:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._reconcile_limiter = anyio.CapacityLimiter(RECONCILE_THREADS)
-        # from_session -> (lock, holders and waiters): one reconcile per trace
-        # at a time in this daemon, the others waiting without a thread.
-        self._trace_turns: dict[str, tuple[anyio.Lock, int]] = {}
+        # from_session -> its lock: one reconcile per trace at a time in this
+        # daemon, the others waiting without a thread. Dropped when unused.
+        self._trace_turns: dict[str, anyio.Lock] = {}
 
     def methods(self) -> Mapping[str, Method]:
         """Method name → params type and handler, for the methods served now."""
@@ -209,17 +209,15 @@ class Api:
     @asynccontextmanager
     async def _trace_turn(self, from_session: str) -> AsyncIterator[None]:
         """Hold ``from_session``'s turn: one reconcile of a trace at a time here."""
-        lock, users = self._trace_turns.get(from_session, (anyio.Lock(), 0))
-        self._trace_turns[from_session] = (lock, users + 1)
+        lock = self._trace_turns.setdefault(from_session, anyio.Lock())
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._trace_turns[from_session]
-            if users == 1:
-                del self._trace_turns[from_session]
-            else:
-                self._trace_turns[from_session] = (lock, users - 1)
+            # Released to a waiter, the lock stays locked: only the last one out drops it.
+            turns = lock.statistics()
+            if not turns.locked and not turns.tasks_waiting:
+                self._trace_turns.pop(from_session, None)
 
 
 def _connection() -> Connection:
