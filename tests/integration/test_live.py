@@ -476,9 +476,15 @@ def test_capsulectl_top_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -
             output, errors = ChildOutput(top.stdout), ChildOutput(top.stderr)
             assert output.json(DEADLINE_S)["discovery"] == "ready"
             assert quiet_daemon.stop(signal.SIGTERM) == 0
+            stopped_at = time.time()
             quiet_daemon.start()
             errors.wait_for(b"reconnecting", DEADLINE_S)
-            assert output.json(DEADLINE_S)["discovery"] == "ready"
+            # Lines printed before the stop may still wait in the pipe: read on
+            # to one the new daemon observed.
+            deadline = time.monotonic() + DEADLINE_S
+            while (line := output.json(deadline - time.monotonic()))["observed_at"] < stopped_at:
+                pass
+            assert line["discovery"] == "ready"
             assert top.poll() is None
             top.send_signal(signal.SIGINT)
             assert top.wait(timeout=DEADLINE_S) == 0
