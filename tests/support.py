@@ -106,6 +106,18 @@ def raw_exchange(socket_path: Path, data: bytes, *, timeout_s: float = 5.0) -> b
     return b"".join(chunks)
 
 
+def answers_ping(socket_path: Path, *, timeout_s: float = 2.0) -> bool:
+    """Whether a daemon serves ``socket_path``: it answers a ``ping``. No socket, a
+    refused or reset connection, or no answer within ``timeout_s`` is False."""
+    try:
+        reply = raw_exchange(
+            socket_path, b'{"jsonrpc":"2.0","id":0,"method":"ping"}\n', timeout_s=timeout_s
+        )
+    except OSError:
+        return False
+    return b'"pong":true' in reply
+
+
 def raw_replies(socket_path: Path, data: bytes) -> list[Any]:
     """:func:`raw_exchange`, with each line the daemon sent back decoded as JSON."""
     return [json.loads(line) for line in raw_exchange(socket_path, data).splitlines()]
@@ -176,13 +188,7 @@ class DaemonProcess:
                 raise AssertionError(
                     f"capsuled exited with {self.process.returncode}:\n{self.logs()}"
                 )
-            try:
-                reply = raw_exchange(
-                    self.socket_path, b'{"jsonrpc":"2.0","id":0,"method":"ping"}\n', timeout_s=1
-                )
-            except OSError:
-                return False
-            return b'"pong":true' in reply
+            return answers_ping(self.socket_path, timeout_s=1)
 
         wait_until(answers, timeout_s=timeout_s, message="capsuled to answer ping")
 

@@ -206,6 +206,9 @@ async def test_ending_long_polls_answers_them_shutting_down(discovery: Discovery
     async with anyio.create_task_group() as tg:
         tg.start_soon(poll)
         await anyio.wait_all_tasks_blocked()  # the poll waits for a change
+        # Else end_long_polls() would come first, and the poll be refused as it
+        # starts: the assertions below would hold as well.
+        assert discovery.long_polls == 1
         discovery.end_long_polls()
     assert time.monotonic() - started < 2
     assert [str(exc) for exc in ended] == ["shutting down: the long poll ends without a change"]

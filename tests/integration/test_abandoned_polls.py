@@ -6,6 +6,8 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,29 @@ def test_a_client_that_only_half_closes_still_gets_its_long_poll_answered(
     assert answer["id"] == 7 and answer["result"]["generation"] == generation
 
 
+@contextmanager
+def waiting_long_poll(daemon: DaemonProcess, client: Client) -> Iterator[socket.socket]:
+    """A connection of its own whose long poll (for an hour) waits, as ``client`` sees."""
+    generation = client.snapshot(max_age_ms=0).generation
+    poll = {"since": generation, "timeout_ms": 3_600_000}
+    request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+        yield sock
+
+
+def assert_the_poll_ended(daemon: DaemonProcess, client: Client) -> None:
+    """The poll's connection, closed by its peer, is ended: only ``client``'s is left."""
+    status = wait_until(
+        lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
+    )
+    assert status.long_polls == 0
+    assert "peer left during a request" in daemon.logs()
+
+
 @pytest.mark.parametrize("half_close_first", [False, True], ids=["close", "half-close-then-close"])
 def test_a_client_that_leaves_while_its_long_poll_waits_frees_its_slot(
     daemon: DaemonProcess, half_close_first: bool
@@ -73,23 +98,13 @@ def test_a_client_that_leaves_while_its_long_poll_waits_frees_its_slot(
     """The poll is already waiting when the peer goes: the reader's end-of-stream
     (then, after a half-close, the hang-up check) ends the connection."""
     with Client(daemon.socket_path) as client:
-        generation = client.snapshot(max_age_ms=0).generation
-        poll = {"since": generation, "timeout_ms": 3_600_000}
-        request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.connect(str(daemon.socket_path))
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+        with waiting_long_poll(daemon, client) as sock:
             if half_close_first:
                 sock.shutdown(socket.SHUT_WR)
                 # Its end-of-stream is readable before this status request is
                 # sent; half-closed, the peer still waits for its answer.
                 assert client.status().long_polls == 1
-        status = wait_until(
-            lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
-        )
-        assert status.long_polls == 0
-    assert "peer left during a request" in daemon.logs()
+        assert_the_poll_ended(daemon, client)
 
 
 def test_a_client_that_leaves_with_a_backlog_of_unread_requests_frees_its_slot(
@@ -97,25 +112,14 @@ def test_a_client_that_leaves_with_a_backlog_of_unread_requests_frees_its_slot(
 ) -> None:
     """Behind the poll, more than the reader buffers (it pauses, and stops seeing
     the socket): the peer's hang-up must still end the connection."""
+    ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode() + b"\n"
+    # Over the reader's pause threshold (a message's limit and a receive
+    # chunk) by one more chunk, which the socket buffer holds.
+    backlog = ping * ((MAX_MESSAGE_BYTES + 2 * 65536) // len(ping) + 1)
     with Client(daemon.socket_path) as client:
-        generation = client.snapshot(max_age_ms=0).generation
-        poll = {"since": generation, "timeout_ms": 3_600_000}
-        request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
-        ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode() + b"\n"
-        # Over the reader's pause threshold (a message's limit and a receive
-        # chunk) by one more chunk, which the socket buffer holds.
-        backlog = ping * ((MAX_MESSAGE_BYTES + 2 * 65536) // len(ping) + 1)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(str(daemon.socket_path))
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
+        with waiting_long_poll(daemon, client) as sock:
             sock.sendall(backlog)
-        status = wait_until(
-            lambda: (s := client.status()).clients == 1 and s, message="the poll to end"
-        )
-        assert status.long_polls == 0
-    assert "peer left during a request" in daemon.logs()
+        assert_the_poll_ended(daemon, client)
 
 
 def test_the_long_poll_count_returns_to_zero_after_a_timeout_and_after_a_change(

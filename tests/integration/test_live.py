@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -316,10 +317,20 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _watch_command(socket_path: Path) -> list[str]:
-    """``capsulectl watch --json`` on ``socket_path``, as a child process runs it."""
-    cli = [sys.executable, "-m", "capsule_client.cli"]
-    return [*cli, "--socket", str(socket_path), "watch", "--json"]
+@contextmanager
+def capsulectl_child(
+    socket_path: Path, *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], ChildOutput]]:
+    """``capsulectl --socket socket_path *args`` as a child process, and its stdout
+    (read with deadlines); killed on the way out if it still runs."""
+    command = [sys.executable, "-m", "capsule_client.cli", "--socket", str(socket_path), *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        try:
+            assert child.stdout is not None and child.stderr is not None
+            yield child, ChildOutput(child.stdout)
+        finally:
+            if child.poll() is None:
+                child.kill()
 
 
 def test_capsulectl_watch_prints_changes_and_exits_quietly_on_ctrl_c(
@@ -327,25 +338,18 @@ def test_capsulectl_watch_prints_changes_and_exits_quietly_on_ctrl_c(
 ) -> None:
     home = quiet_daemon.home
     process = pool.start()
-    command = _watch_command(quiet_daemon.socket_path)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
-        try:
-            assert watch.stdout is not None and watch.stderr is not None
-            output = ChildOutput(watch.stdout)
-            first = output.json(DEADLINE_S)
-            assert first["full"] is True and first["discovery"] == "ready"
-            own(home, "ses_w", ["exe_w"])
-            write_exec_receipt(home, "exe_w", process.pid, command="sleep 300")
-            while not (change := output.json(DEADLINE_S))["added"]:
-                pass
-            assert change["added"][0]["session_id"] == "ses_w"
-            assert change["generation"] > first["generation"]
-            watch.send_signal(signal.SIGINT)
-            assert watch.wait(timeout=DEADLINE_S) == 0
-            assert watch.stderr.read() == b""
-        finally:
-            if watch.poll() is None:
-                watch.kill()
+    with capsulectl_child(quiet_daemon.socket_path, "watch", "--json") as (watch, output):
+        first = output.json(DEADLINE_S)
+        assert first["full"] is True and first["discovery"] == "ready"
+        own(home, "ses_w", ["exe_w"])
+        write_exec_receipt(home, "exe_w", process.pid, command="sleep 300")
+        while not (change := output.json(DEADLINE_S))["added"]:
+            pass
+        assert change["added"][0]["session_id"] == "ses_w"
+        assert change["generation"] > first["generation"]
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=DEADLINE_S) == 0
+        assert watch.stderr is not None and watch.stderr.read() == b""
 
 
 def test_capsulectl_top_once_shows_processes_with_cpu_and_memory(
@@ -437,51 +441,36 @@ def test_a_connection_may_hold_a_bounded_number_of_subscriptions(
 
 
 def test_capsulectl_watch_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
-    command = _watch_command(quiet_daemon.socket_path)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as watch:
-        try:
-            assert watch.stdout is not None and watch.stderr is not None
-            output = ChildOutput(watch.stdout)
-            first = output.json(DEADLINE_S)
-            assert first["full"] is True
-            assert quiet_daemon.stop(signal.SIGTERM) == 0
-            quiet_daemon.start()
-            # The watch reconnects and starts over with the whole answer.
-            again = output.json(DEADLINE_S)
-            assert again["full"] is True and again["subscription"] != first["subscription"]
-            assert watch.poll() is None
-            watch.send_signal(signal.SIGINT)
-            assert watch.wait(timeout=DEADLINE_S) == 0
-            assert b"reconnecting" in watch.stderr.read()
-        finally:
-            if watch.poll() is None:
-                watch.kill()
+    with capsulectl_child(quiet_daemon.socket_path, "watch", "--json") as (watch, output):
+        first = output.json(DEADLINE_S)
+        assert first["full"] is True
+        assert quiet_daemon.stop(signal.SIGTERM) == 0
+        quiet_daemon.start()
+        # The watch reconnects and starts over with the whole answer.
+        again = output.json(DEADLINE_S)
+        assert again["full"] is True and again["subscription"] != first["subscription"]
+        assert watch.poll() is None
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=DEADLINE_S) == 0
+        assert watch.stderr is not None and b"reconnecting" in watch.stderr.read()
 
 
 def test_capsulectl_top_outlives_a_daemon_restart(quiet_daemon: DaemonProcess) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "capsule_client.cli",
-        "--socket",
-        str(quiet_daemon.socket_path),
-        "top",
-        "--json",
-        "--interval",
-        "0.2",
-    ]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as top:
-        try:
-            assert top.stdout is not None and top.stderr is not None
-            output, errors = ChildOutput(top.stdout), ChildOutput(top.stderr)
-            assert output.json(DEADLINE_S)["discovery"] == "ready"
-            assert quiet_daemon.stop(signal.SIGTERM) == 0
-            quiet_daemon.start()
-            errors.wait_for(b"reconnecting", DEADLINE_S)
-            assert output.json(DEADLINE_S)["discovery"] == "ready"
-            assert top.poll() is None
-            top.send_signal(signal.SIGINT)
-            assert top.wait(timeout=DEADLINE_S) == 0
-        finally:
-            if top.poll() is None:
-                top.kill()
+    top_json = ("top", "--json", "--interval", "0.2")
+    with capsulectl_child(quiet_daemon.socket_path, *top_json) as (top, output):
+        assert top.stderr is not None
+        errors = ChildOutput(top.stderr)
+        assert output.json(DEADLINE_S)["discovery"] == "ready"
+        assert quiet_daemon.stop(signal.SIGTERM) == 0
+        stopped_at = time.time()
+        quiet_daemon.start()
+        errors.wait_for(b"reconnecting", DEADLINE_S)
+        # Lines printed before the stop may still wait in the pipe: read on
+        # to one the new daemon observed.
+        deadline = time.monotonic() + DEADLINE_S
+        while (line := output.json(deadline - time.monotonic()))["observed_at"] < stopped_at:
+            pass
+        assert line["discovery"] == "ready"
+        assert top.poll() is None
+        top.send_signal(signal.SIGINT)
+        assert top.wait(timeout=DEADLINE_S) == 0

@@ -43,8 +43,11 @@ def test_reconciles_waiting_for_a_locked_trace_leave_discovery_and_other_traces_
         waiting = [_request(daemon.socket_path, "ses_locked", n) for n in range(STORM)]
         try:
             with Client(daemon.socket_path, timeout_s=20) as client:
+                # Every reconcile's connection, and this one: with fewer, the
+                # waiting reconciles might not fill the workers, and the test
+                # would pass whether or not they starve the daemon.
                 wait_until(
-                    lambda: client.status().clients > STORM // 2,
+                    lambda: client.status().clients == STORM + 1,
                     message="the reconciles to arrive",
                 )
                 started = time.monotonic()

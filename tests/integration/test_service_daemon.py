@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, bind_notify_socket, raw_exchange, wait_until
+from support import DaemonProcess, answers_ping, bind_notify_socket, raw_exchange, wait_until
 
 from capsule_client import Client, RemoteError
 from capsuled.service import lock_path_for
@@ -53,13 +53,6 @@ class WrappedDaemon(DaemonProcess):
             assert command[:3] == [sys.executable, "-m", "capsuled"]
             command = [str(CONSOLE_SCRIPT), *command[3:]]
         return [*self.prefix, *command]
-
-
-def answers_ping(socket_path: Path) -> bool:
-    try:
-        return b'"pong":true' in raw_exchange(socket_path, PING, timeout_s=2)
-    except OSError:
-        return False
 
 
 def status_of(socket_path: Path) -> dict[str, object]:

@@ -58,7 +58,9 @@ def test_sigterm_answers_a_long_poll_shutting_down_and_exits_promptly(
         # The subscription's reply and first notification: it is open.
         data = b""
         while data.count(b"\n") < 2:
-            data += subscriber.recv(65536)
+            chunk = subscriber.recv(65536)
+            assert chunk, f"the subscription's connection closed early (read {data!r})"
+            data += chunk
         with Client(quiet_daemon.socket_path) as client:
             status = wait_until(
                 lambda: (s := client.status()).long_polls == 1 and s,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, wait_until
+from support import DaemonProcess, answers_ping, wait_until
 
 from capsule_client import Client
 from capsuled import service
@@ -33,21 +33,15 @@ def running(short_dir: Path) -> Iterator[DaemonProcess]:
         yield daemon
 
 
-def answers(socket_path: Path) -> bool:
-    try:
-        with Client(socket_path, timeout_s=2) as client:
-            return client.ping().pong
-    except Exception:
-        return False
-
-
 def test_a_removed_socket_is_bound_again_and_open_connections_go_on(
     running: DaemonProcess,
 ) -> None:
     with Client(running.socket_path) as before:
         pid = before.status().pid
         running.socket_path.unlink()
-        wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+        wait_until(
+            lambda: answers_ping(running.socket_path), timeout_s=NOTICE_S, message="a new socket"
+        )
         assert before.status().pid == pid  # the connection made before goes on
     assert stat.S_IMODE(running.socket_path.stat().st_mode) == 0o600
     assert "the socket file was removed; bound it again" in running.logs()
@@ -57,7 +51,9 @@ def test_a_removed_socket_is_bound_again_and_open_connections_go_on(
 
 def test_a_removed_socket_directory_is_made_again(running: DaemonProcess) -> None:
     shutil.rmtree(running.socket_path.parent)
-    wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+    wait_until(
+        lambda: answers_ping(running.socket_path), timeout_s=NOTICE_S, message="a new socket"
+    )
     lock = service.lock_path_for(running.socket_path)
     assert lock.read_text() == f"{running.pid}\n"
     assert stat.S_IMODE(running.socket_path.parent.stat().st_mode) == 0o700
@@ -145,5 +141,7 @@ def test_a_socket_that_cannot_be_made_again_is_warned_about_then_mended(
         )
         assert before.ping().pong  # the connection made before goes on
         directory.unlink()
-        wait_until(lambda: answers(running.socket_path), timeout_s=NOTICE_S, message="a new socket")
+        wait_until(
+            lambda: answers_ping(running.socket_path), timeout_s=NOTICE_S, message="a new socket"
+        )
     assert "the socket file was removed; bound it again" in running.logs()
