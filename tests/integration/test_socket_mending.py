@@ -100,7 +100,7 @@ def test_a_lock_held_by_another_beside_a_live_socket_is_waited_out(
             timeout_s=NOTICE_S,
             message="the warning",
         )
-        assert answers(running.socket_path)
+        assert answers_ping(running.socket_path)
     finally:
         rival.release()
     wait_until(
