@@ -18,25 +18,29 @@ from capsule_client.protocol import MAX_MESSAGE_BYTES
 from capsule_client.receipts import write_provider_client_receipt
 
 
+@contextmanager
+def long_poll(
+    daemon: DaemonProcess, generation: int, *, timeout_ms: int
+) -> Iterator[socket.socket]:
+    """A connection of its own that has sent ``sessions.snapshot`` with ``since`` (id 1)."""
+    poll = {"since": generation, "timeout_ms": timeout_ms}
+    request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        yield sock
+
+
 def test_long_polls_abandoned_by_their_clients_free_their_slots(short_dir: Path) -> None:
     home = short_dir / "home"
     home.mkdir(mode=0o700)
     with DaemonProcess(home, short_dir / "p.sock", ["--max-connections", "3"]) as daemon:
         with Client(daemon.socket_path) as client:
             generation = client.snapshot(max_age_ms=0).generation
-        poll = json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "sessions.snapshot",
-                "params": {"since": generation, "timeout_ms": 3_600_000},
-            }
-        ).encode()
         for _ in range(3):  # as many as the daemon serves at once
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.connect(str(daemon.socket_path))
-                sock.sendall(poll + b"\n")
-            # closed at once: nobody waits for these answers
+            with long_poll(daemon, generation, timeout_ms=3_600_000):
+                pass  # closed at once: nobody waits for these answers
 
         def served() -> bool:
             try:
@@ -54,30 +58,20 @@ def test_a_client_that_only_half_closes_still_gets_its_long_poll_answered(
 ) -> None:
     with Client(daemon.socket_path) as client:
         generation = client.snapshot(max_age_ms=0).generation
-    poll = {"since": generation, "timeout_ms": 800}
-    request = {"jsonrpc": "2.0", "id": 7, "method": "sessions.snapshot", "params": poll}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(str(daemon.socket_path))
-        sock.sendall(json.dumps(request).encode() + b"\n")
+    with long_poll(daemon, generation, timeout_ms=800) as sock:
         sock.shutdown(socket.SHUT_WR)
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk
     answer = json.loads(reply)
-    assert answer["id"] == 7 and answer["result"]["generation"] == generation
+    assert answer["id"] == 1 and answer["result"]["generation"] == generation
 
 
 @contextmanager
 def waiting_long_poll(daemon: DaemonProcess, client: Client) -> Iterator[socket.socket]:
     """A connection of its own whose long poll (for an hour) waits, as ``client`` sees."""
     generation = client.snapshot(max_age_ms=0).generation
-    poll = {"since": generation, "timeout_ms": 3_600_000}
-    request = {"jsonrpc": "2.0", "id": 1, "method": "sessions.snapshot", "params": poll}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(str(daemon.socket_path))
-        sock.sendall(json.dumps(request).encode() + b"\n")
+    with long_poll(daemon, generation, timeout_ms=3_600_000) as sock:
         wait_until(lambda: client.status().long_polls == 1, message="the poll to wait")
         yield sock
 
