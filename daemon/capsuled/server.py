@@ -168,7 +168,12 @@ class Connection:
             pending = _pending(reply)
             raw = self._raw_socket
             try:
-                sent = raw.send(pending[0]) if len(pending) == 1 else raw.sendmsg(pending)
+                if len(pending) == 1:
+                    sent = raw.send(pending[0])
+                    if sent == len(pending[0]):
+                        return True  # the usual reply: all of it sent
+                else:
+                    sent = raw.sendmsg(pending)
                 pending = _advance(pending, sent)
             except (BlockingIOError, InterruptedError):
                 pass
@@ -352,9 +357,9 @@ class _LineReader:
 
     Args:
         sock: the connection's socket (non-blocking).
-        answer_now: called on the event loop with a line (without its
-            ``\\n``, at most ``MAX_MESSAGE_BYTES``); ``True`` if it answered
-            it, ``False`` to leave it to :meth:`next_line`.
+        answer_now: called on the event loop with a line (at most
+            ``MAX_MESSAGE_BYTES``, with or without its ``\\n``); ``True`` if
+            it answered it, ``False`` to leave it to :meth:`next_line`.
         on_blind: called on the event loop when the reader stops watching
             the socket: when end-of-stream or an error is first received, at
             :meth:`stop`, and each time reading pauses (it no longer sees
@@ -440,22 +445,41 @@ class _LineReader:
             self._end()
             return
         buffer = self._buffer
-        buffer += data
         if self._answer_now is not None and self._waiter is not None and not self._waiter.done():
-            # The task waits for a line (it took every earlier one): what can
-            # be answered without waiting is answered here, in order.
-            for _ in range(self._YIELD_EVERY):
-                at = buffer.find(b"\n")
-                if at < 0 or at > MAX_MESSAGE_BYTES or not self._answer_now(bytes(buffer[:at])):
-                    break
-                del buffer[: at + 1]
-            if not self._interrupted and len(buffer) <= MAX_MESSAGE_BYTES and b"\n" not in buffer:
+            if not self._answer_first(data):
                 return  # nothing for the task: it waits on
+        else:
+            buffer += data
         if len(buffer) > self._PAUSE_BYTES:
             self._pause()
             if self._on_blind is not None:
                 self._on_blind()
         self._wake()
+
+    def _answer_first(self, data: bytes) -> bool:
+        """Offer the lines in ``data`` to ``answer_now`` (the task waits, so it took
+        every earlier line); what is not answered is buffered for the task.
+
+        Returns:
+            Whether the task has something to take: a line, an over-long
+            start of one, or an interruption.
+        """
+        buffer = self._buffer
+        answer_now = self._answer_now
+        assert answer_now is not None
+        if not buffer and data.find(b"\n") == len(data) - 1:
+            # One whole line and nothing before it: the usual request.
+            if answer_now(data):
+                return self._interrupted
+            buffer += data
+            return True
+        buffer += data
+        for _ in range(self._YIELD_EVERY):
+            at = buffer.find(b"\n")
+            if at < 0 or at > MAX_MESSAGE_BYTES or not answer_now(bytes(buffer[:at])):
+                break
+            del buffer[: at + 1]
+        return self._interrupted or len(buffer) > MAX_MESSAGE_BYTES or b"\n" in buffer
 
     def interrupt(self) -> None:
         """Make :meth:`next_line` raise :class:`Interrupted` once: now if a task
