@@ -138,6 +138,11 @@ class Encoded:
         return Raw(b"".join(self.parts))
 
 
+#: Results a handler hands over already encoded (a tuple: ``isinstance`` with
+#: ``Raw | Encoded`` would build the union on every request).
+_ENCODED: Final = (Raw, Encoded)
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
     """A method the daemon serves: its params type and its handler.
@@ -347,7 +352,7 @@ class Dispatcher:
             return _with_id(id, invalid.error)
         is_notification = envelope.id is UNSET
         name = name if name in self._methods else name[:200]  # bound what reaches the logs
-        started = time.perf_counter()
+        started = time.perf_counter() if self._log_requests else 0.0
         outcome: int | None = None
         try:
             method = self._methods.get(name)
@@ -362,7 +367,7 @@ class Dispatcher:
             try:
                 # Encode here so that an unencodable result is this request's error;
                 # a handler may hand over its result already encoded (a Raw).
-                raw = result if isinstance(result, Raw | Encoded) else Raw(_encoder.encode(result))
+                raw = result if isinstance(result, _ENCODED) else Raw(_encoder.encode(result))
                 return SuccessResponse(jsonrpc=JSONRPC_VERSION, id=id, result=raw)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise RuntimeError(f"result of {name} cannot be encoded") from exc
