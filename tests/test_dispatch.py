@@ -13,7 +13,7 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
+from capsuled.jsonrpc import LATER, SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
 from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
@@ -190,3 +190,72 @@ async def test_a_result_encoded_in_parts_is_sent_as_one_json_text(size: int) -> 
         assert len(reply) == 1
     batch = await dispatcher.handle_line(b"[" + line + b"," + line + b"]")
     assert batch is not None and json.loads(batch) == [expected, expected]
+
+
+# Answers given without waiting (``Dispatcher.answer_now``)
+
+IMMEDIATE = {
+    "ping": Method(NoParams, _ping, immediate=True),
+    "boom": Method(NoParams, _boom, immediate=True),
+    "later": Method(NoParams, _ping),
+}
+
+ANSWERED_NOW = [
+    b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+    b' {"jsonrpc":"2.0","id":"a","method":"ping","params":{}}\r',
+    b'{"jsonrpc":"2.0","id":null,"method":"ping","params":[]}',
+    b'{"jsonrpc":"2.0","method":"ping"}',  # a notification: no reply
+    b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":1}}',  # -32602
+    b'{"jsonrpc":"2.0","id":3,"method":"ping","params":[1]}',  # -32602
+    b'{"jsonrpc":"2.0","id":4,"method":"ping","params":1}',  # -32600
+    b'{"jsonrpc":"1.0","id":5,"method":"ping"}',  # -32600
+    b'{"jsonrpc":"2.0","id":{},"method":"ping"}',  # -32600
+    b'{"jsonrpc":"2.0","id":6,"method":"boom"}',  # -32603
+    b'{"jsonrpc":"2.0","id":7,"method":"ping"',  # -32700
+    b'"just a string"',  # -32600
+    b"\xff",  # -32700
+    b"   ",  # blank: no reply
+]
+
+LEFT_FOR_LATER = [
+    b'{"jsonrpc":"2.0","id":1,"method":"later"}',  # may wait
+    b'{"jsonrpc":"2.0","id":1,"method":"nope"}',  # unknown: the task answers -32601
+    b'{"jsonrpc":"2.0","id":1,"method":"p\\u0069ng"}',  # the name is not as registered
+    b'{"jsonrpc":"2.0","id":1,"method":7}',
+    b'{"jsonrpc":"2.0","id":1}',
+    b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]',  # a batch
+]
+
+
+@pytest.mark.parametrize("line", ANSWERED_NOW)
+async def test_an_answer_given_at_once_is_the_answer_given_later(line: bytes) -> None:
+    """Same reply, same statistics, same log, whichever way a line is answered."""
+    seen_now: list[tuple[str, int | None]] = []
+    seen_later: list[tuple[str, int | None]] = []
+    now = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen_now.append((m, o)))
+    later = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen_later.append((m, o)))
+    with structlog.testing.capture_logs() as logs_now:
+        reply_now = now.answer_now(line)
+    with structlog.testing.capture_logs() as logs_later:
+        reply_later = await later.answer_line(line)
+    assert reply_now is not LATER
+    assert reply_now == reply_later
+    assert seen_now == seen_later
+    assert [log["event"] for log in logs_now] == [log["event"] for log in logs_later]
+
+
+@pytest.mark.parametrize("line", LEFT_FOR_LATER)
+async def test_a_line_that_may_wait_is_left_for_later_untouched(line: bytes) -> None:
+    seen: list[tuple[str, int | None]] = []
+    dispatcher = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen.append((m, o)))
+    assert dispatcher.answer_now(line) is LATER
+    assert seen == []  # nothing was run or counted
+
+
+async def test_an_immediate_method_that_suspends_is_a_defect_that_is_reported() -> None:
+    async def suspends(params: NoParams) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    dispatcher = Dispatcher({"suspends": Method(NoParams, suspends, immediate=True)})
+    with pytest.raises(RuntimeError, match="suspended"):
+        dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')

@@ -22,7 +22,7 @@ from msgspec import Meta, Struct
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
+from capsuled.jsonrpc import LATER, Dispatcher, Later, Method, ReplyParts
 from capsuled.server import Server, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
@@ -140,19 +140,31 @@ async def test_invalid_params_name_the_param_from_the_params_not_the_message(
     assert len(reply["error"]["message"]) < 400
 
 
-async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(short_dir: Path) -> None:
+@pytest.mark.parametrize("failing", ["answer_now", "answer_line"])
+async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(
+    short_dir: Path, failing: str
+) -> None:
     """Kind: anything the dispatcher raises must not close the connection unanswered.
 
-    The dispatcher here fails on one line, as a bug in decoding or logging would.
+    The dispatcher here fails on one line, as a bug in decoding or logging
+    would: in the answer given without waiting (from the reader's callback),
+    or in the one given by the connection's task.
     """
 
     class Failing(Dispatcher):
+        def answer_now(self, line: bytes) -> ReplyParts | Later | None:
+            if b"fail" in line:
+                if failing == "answer_now":
+                    raise ValueError("a bug in decoding")
+                return LATER
+            return super().answer_now(line)
+
         async def answer_line(self, line: bytes) -> ReplyParts | None:
             if b"fail" in line:
                 raise ValueError("a bug in decoding")
             return await super().answer_line(line)
 
-    server = Server(Failing({"ping": Method(NoParams, _ping)}))
+    server = Server(Failing({"ping": Method(NoParams, _ping, immediate=True)}))
     listener = listen_unix(short_dir / "f.sock")
     lines = [b'"fail"', b'{"jsonrpc":"2.0","id":2,"method":"ping"}']
     with structlog.testing.capture_logs() as logs:

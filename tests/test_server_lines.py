@@ -6,14 +6,15 @@ import json
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.server import Server
+from capsuled.jsonrpc import LATER, Dispatcher, Later, Method, ReplyParts
+from capsuled.server import Server, current_connection
 
 pytestmark = pytest.mark.anyio
 
@@ -89,3 +90,138 @@ async def test_a_long_line_after_a_paused_burst_is_still_read_whole(short_dir: P
         server.stop_accepting()
         server.close_idle()
     assert received.count(b"\n") == 20_001
+
+
+# Requests answered from the reader's callback (``Method(immediate=True)``)
+
+
+#: Larger than any Unix socket's send buffer here (about 208 KiB): its first
+#: send is always partial.
+BIG_BYTES = 2 * 1024 * 1024
+
+
+class _Recording(Dispatcher):
+    """Records which way each request was answered: at once, or by the connection's task."""
+
+    def __init__(self, methods: dict[str, Method]) -> None:
+        super().__init__(methods)
+        self.ways: list[tuple[str, int]] = []
+
+    def answer_now(self, line: bytes) -> ReplyParts | Later | None:
+        reply = super().answer_now(line)
+        if reply is not LATER:
+            self.ways.append(("now", json.loads(line)["id"]))
+        return reply
+
+    async def answer_line(self, line: bytes) -> ReplyParts | None:
+        self.ways.append(("task", json.loads(line)["id"]))
+        return await super().answer_line(line)
+
+
+async def _big(params: NoParams) -> dict[str, str]:
+    return {"blob": "x" * BIG_BYTES}
+
+
+def _request(id: int, method: str) -> bytes:
+    return b'{"jsonrpc":"2.0","id":%d,"method":"%s"}\n' % (id, method.encode())
+
+
+async def _read_lines(stream: anyio.abc.ByteStream, count: int) -> list[Any]:
+    received = b""
+    while received.count(b"\n") < count:
+        received += await stream.receive()
+    return [json.loads(line) for line in received.splitlines()]
+
+
+async def _until_buffered(server: Server) -> None:
+    """Poll until a connection holds received bytes its task has not taken (the caller's
+    ``fail_after`` is the deadline)."""
+    # Nothing signals a received byte: poll.
+    while not any(c.lines.buffered for c in server.connections):  # noqa: ASYNC110
+        await anyio.sleep(0.001)
+
+
+async def test_a_reply_given_at_once_that_the_socket_does_not_take_whole_goes_out_first(
+    short_dir: Path,
+) -> None:
+    """The rest of a reply answered from the callback is sent by the task, before it reads on."""
+    dispatcher = _Recording(
+        {
+            "big": Method(NoParams, _big, immediate=True),
+            "ping": Method(NoParams, _ping, immediate=True),
+            "slow": Method(NoParams, _ping),
+        }
+    )
+    server = Server(dispatcher)
+    requests = [(1, "big"), (2, "ping"), (3, "slow"), (4, "big"), (5, "ping")]
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, listen_unix(short_dir / "b.sock"))
+        with anyio.fail_after(20):
+            async with await anyio.connect_unix(short_dir / "b.sock") as stream:
+                await stream.send(b"".join(_request(id, method) for id, method in requests))
+                replies = await _read_lines(stream, len(requests))
+        server.stop_accepting()
+        server.close_idle()
+    assert [reply["id"] for reply in replies] == [1, 2, 3, 4, 5]
+    assert [len(reply["result"]["blob"]) for reply in (replies[0], replies[3])] == [BIG_BYTES] * 2
+    assert dispatcher.ways[0] == ("now", 1)  # answered at once, its send was partial
+    assert [id for _, id in dispatcher.ways] == [1, 2, 3, 4, 5]
+
+
+async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows_it(
+    short_dir: Path,
+) -> None:
+    """A notification sent before the task takes up the rest of the reply goes after it."""
+    note = b'{"jsonrpc":"2.0","method":"note"}'
+    sending = anyio.create_task_group()
+
+    async def big_then_note(params: NoParams) -> dict[str, str]:
+        # Scheduled before the task is woken to send the rest of this reply.
+        sending.start_soon(current_connection.get().send_line, note)
+        return await _big(params)
+
+    dispatcher = _Recording({"big": Method(NoParams, big_then_note, immediate=True)})
+    server = Server(dispatcher)
+    async with sending, anyio.create_task_group() as tg:
+        await tg.start(server.serve, listen_unix(short_dir / "n.sock"))
+        with anyio.fail_after(20):
+            async with await anyio.connect_unix(short_dir / "n.sock") as stream:
+                await stream.send(_request(1, "big"))
+                replies = await _read_lines(stream, 2)
+        server.stop_accepting()
+        server.close_idle()
+    assert dispatcher.ways == [("now", 1)]
+    assert replies[0]["id"] == 1 and len(replies[0]["result"]["blob"]) == BIG_BYTES
+    assert replies[1] == json.loads(note)
+
+
+async def test_a_request_arriving_while_another_is_handled_is_not_answered_first(
+    short_dir: Path,
+) -> None:
+    """While the task handles a request, a ping that could be answered at once waits its turn."""
+    release = anyio.Event()
+    started = anyio.Event()
+
+    async def waits(params: NoParams) -> dict[str, bool]:
+        started.set()
+        await release.wait()
+        return {"waited": True}
+
+    dispatcher = _Recording(
+        {"ping": Method(NoParams, _ping, immediate=True), "waits": Method(NoParams, waits)}
+    )
+    server = Server(dispatcher)
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, listen_unix(short_dir / "w.sock"))
+        with anyio.fail_after(20):
+            async with await anyio.connect_unix(short_dir / "w.sock") as stream:
+                await stream.send(_request(1, "waits"))
+                await started.wait()
+                await stream.send(_request(2, "ping"))
+                await _until_buffered(server)  # received, not yet taken
+                release.set()
+                replies = await _read_lines(stream, 2)
+        server.stop_accepting()
+        server.close_idle()
+    assert [reply["id"] for reply in replies] == [1, 2]
+    assert dispatcher.ways == [("task", 1), ("task", 2)]

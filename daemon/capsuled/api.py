@@ -75,7 +75,11 @@ class Api:
             "sessions.subscribe": self.sessions_subscribe,
             "sessions.unsubscribe": self.sessions_unsubscribe,
         }
-        return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
+        immediate = {"ping", "status"}
+        return {
+            name: Method(METHOD_PARAMS[name], handler, immediate=name in immediate)
+            for name, handler in handlers.items()
+        }
 
     async def ping(self, params: NoParams) -> PingResult:
         """``ping`` → ``{"pong": true, "version": ...}``."""

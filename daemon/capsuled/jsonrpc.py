@@ -34,9 +34,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 import msgspec
 import structlog
@@ -60,16 +60,20 @@ from .errors import RpcError, ShuttingDown
 
 __all__ = [
     "BATCH_REPLY_MAX_BYTES",
+    "LATER",
     "SPLICE_MIN_BYTES",
     "Dispatcher",
     "Encoded",
     "Handler",
+    "Later",
     "Method",
     "ReplyParts",
     "encode_error",
 ]
 
 log = structlog.get_logger("capsuled.rpc")
+
+T = TypeVar("T")
 
 Handler = Callable[[Any], Awaitable[Any]]
 
@@ -134,12 +138,33 @@ class Encoded:
         return Raw(b"".join(self.parts))
 
 
+#: Results a handler hands over already encoded (a tuple: ``isinstance`` with
+#: ``Raw | Encoded`` would build the union on every request).
+_ENCODED: Final = (Raw, Encoded)
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
-    """A method the daemon serves: its params type and its handler."""
+    """A method the daemon serves: its params type and its handler.
+
+    ``immediate``: the handler never awaits, so a request for it can be
+    answered on the spot by :meth:`Dispatcher.answer_now`.
+    """
 
     params: type[Struct]
     handler: Handler
+    immediate: bool = False
+
+
+class Later:
+    """The type of :data:`LATER`."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+#: :meth:`Dispatcher.answer_now`'s answer for a line it leaves to :meth:`Dispatcher.answer_line`.
+LATER: Final = Later()
 
 
 class _Invalid(Exception):
@@ -177,6 +202,10 @@ class Dispatcher:
             name: frozenset(f.encode_name for f in msgspec.structs.fields(m.params))
             for name, m in methods.items()
         }
+        #: The ``immediate`` methods by their name as sent, JSON string quotes included.
+        self._immediate = {
+            _encoder.encode(name): method for name, method in methods.items() if method.immediate
+        }
         self._on_request = on_request
         # Bound once: through the module's lazy proxy every call resolves the
         # logger again, which at tens of thousands of requests a second was
@@ -191,6 +220,32 @@ class Dispatcher:
         parts = await self.answer_line(line)
         return None if parts is None else b"".join(parts)
 
+    def answer_now(self, line: bytes) -> ReplyParts | Later | None:
+        """:meth:`answer_line`'s reply, given without waiting, or ``LATER``.
+
+        A single request for an ``immediate`` method is answered here, by the
+        same code as :meth:`answer_line` (statistics and logging included);
+        so is a line that is not JSON, and a blank line (``None``). Anything
+        else (a batch, a method that may wait, an envelope that is not a
+        well-formed request) is ``LATER``: give the line to
+        :meth:`answer_line`. The server calls this from the event loop's
+        callback for a readable socket, so that a ``ping`` costs no task
+        switch (docs/benchmark-profiles.md).
+
+        Raises:
+            RuntimeError: an ``immediate`` method's handler awaited something
+                that suspended (a defect: such a method must not be immediate).
+        """
+        parsed = self._parse(line)
+        if isinstance(parsed, Envelope):
+            method = self._immediate.get(bytes(parsed.method)) if parsed.method else None
+            if method is None:
+                return LATER
+            return self._parts(_run_now(self._handle_one(parsed)))
+        if isinstance(parsed, _Batch):
+            return LATER
+        return None if parsed is None else (parsed,)
+
     async def answer_line(self, line: bytes) -> ReplyParts | None:
         """:meth:`handle_line`'s reply in parts, to be sent one after the other.
 
@@ -200,7 +255,9 @@ class Dispatcher:
         snapshot of 100,000 processes is 16 MB, kept encoded by discovery;
         copying it into each reply cost more than sending it.
         """
-        reply = await self._answer(line)
+        return self._parts(await self._answer(line))
+
+    def _parts(self, reply: bytes | SuccessResponse | ErrorResponse | None) -> ReplyParts | None:
         if reply is None or isinstance(reply, bytes):
             return None if reply is None else (reply,)
         result = reply.result if isinstance(reply, SuccessResponse) else None
@@ -221,6 +278,16 @@ class Dispatcher:
 
     async def _answer(self, line: bytes) -> bytes | SuccessResponse | ErrorResponse | None:
         """The reply to ``line``: encoded, or a single request's response to encode."""
+        parsed = self._parse(line)
+        if isinstance(parsed, Envelope):
+            return await self._handle_one(parsed)
+        if isinstance(parsed, _Batch):
+            return await self._handle_batch(parsed.text)
+        return parsed
+
+    @staticmethod
+    def _parse(line: bytes) -> Envelope | _Batch | bytes | None:
+        """A single request's envelope, a batch's text, an encoded error, or ``None`` (blank)."""
         text = line.strip(_JSON_WHITESPACE)
         if not text:
             return None  # a blank line: nothing was asked (convenient with socat)
@@ -230,9 +297,9 @@ class Dispatcher:
         except UnicodeDecodeError as exc:
             return encode_error(PARSE_ERROR, f"parse error: invalid UTF-8 at byte {exc.start}")
         if text[:1] == b"[":
-            return await self._handle_batch(text)
+            return _Batch(text)
         try:
-            envelope = _envelope.decode(text)
+            return _envelope.decode(text)
         except msgspec.ValidationError:
             # msgspec stops at the first token of the wrong type; the rest of the
             # line must still be JSON for this to be a request at all.
@@ -241,7 +308,6 @@ class Dispatcher:
             return encode_error(PARSE_ERROR, f"parse error: {exc}")
         except RecursionError:
             return encode_error(PARSE_ERROR, _TOO_DEEP)
-        return await self._handle_one(envelope)
 
     async def _handle_batch(self, text: bytes) -> bytes | None:
         try:
@@ -286,7 +352,7 @@ class Dispatcher:
             return _with_id(id, invalid.error)
         is_notification = envelope.id is UNSET
         name = name if name in self._methods else name[:200]  # bound what reaches the logs
-        started = time.perf_counter()
+        started = time.perf_counter() if self._log_requests else 0.0
         outcome: int | None = None
         try:
             method = self._methods.get(name)
@@ -301,7 +367,7 @@ class Dispatcher:
             try:
                 # Encode here so that an unencodable result is this request's error;
                 # a handler may hand over its result already encoded (a Raw).
-                raw = result if isinstance(result, Raw | Encoded) else Raw(_encoder.encode(result))
+                raw = result if isinstance(result, _ENCODED) else Raw(_encoder.encode(result))
                 return SuccessResponse(jsonrpc=JSONRPC_VERSION, id=id, result=raw)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise RuntimeError(f"result of {name} cannot be encoded") from exc
@@ -398,6 +464,27 @@ class Dispatcher:
         if missing and missing.group(1) in fields:
             return missing.group(1), reason
         return "params", reason[:200]
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A received line that is a batch (its text, stripped)."""
+
+    text: bytes
+
+
+def _run_now(call: Coroutine[Any, Any, T]) -> T:
+    """Run ``call`` to its end without an event loop; it must not suspend.
+
+    Raises:
+        RuntimeError: it suspended (a handler marked immediate awaited something).
+    """
+    try:
+        call.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    call.close()
+    raise RuntimeError("an immediate method's handler suspended")
 
 
 def _not_a_request(text: bytes) -> bytes:

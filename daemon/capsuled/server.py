@@ -36,7 +36,7 @@ from capsule_client.protocol import (
     ErrorCode,
 )
 
-from .jsonrpc import Dispatcher, ReplyParts, encode_error
+from .jsonrpc import LATER, Dispatcher, Later, ReplyParts, encode_error
 
 __all__ = [
     "Connection",
@@ -71,9 +71,24 @@ _RECEIVE_CHUNK = 65536
 
 
 class Connection:
-    """One client connection: its stream, a send lock, and whether it is busy."""
+    """One client connection: its stream, a send lock, and whether it is busy.
 
-    def __init__(self, stream: SocketStream, number: int, write_timeout_s: float) -> None:
+    Args:
+        stream: the accepted connection.
+        number: its number in the daemon's log.
+        write_timeout_s: how long a reply may wait for the peer to read it.
+        answer_now: gives the reply to a line without waiting, or ``LATER``
+            (see :meth:`Dispatcher.answer_now`); ``None`` answers every line
+            from the connection's task.
+    """
+
+    def __init__(
+        self,
+        stream: SocketStream,
+        number: int,
+        write_timeout_s: float,
+        answer_now: Callable[[Connection, bytes], ReplyParts | Later | None] | None = None,
+    ) -> None:
         self.stream = stream
         self.number = number
         self.busy = False
@@ -86,7 +101,15 @@ class Connection:
         self._raw_socket: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         #: The requests received, line by line (registered with the event loop
         #: by :meth:`Server._serve_connection` for the connection's life).
-        self.lines = _LineReader(self._raw_socket, on_blind=self._reading_stopped)
+        self.lines = _LineReader(
+            self._raw_socket,
+            on_blind=self._reading_stopped,
+            answer_now=None if answer_now is None else self._answer_now,
+        )
+        self._answer = answer_now
+        #: The rest of a reply answered at once that the socket did not take:
+        #: it goes out before anything else (see :meth:`_answer_now`).
+        self._unsent: list[memoryview] | None = None
         self._guarded = 0  # requests in unless_peer_leaves
         self._peer_check: asyncio.TimerHandle | None = None
 
@@ -123,6 +146,57 @@ class Connection:
             if not self._guarded and self._peer_check is not None:
                 self._peer_check.cancel()
                 self._peer_check = None
+
+    def _answer_now(self, line: bytes) -> bool:
+        """Answer ``line`` from the line reader's callback, if it can be answered
+        without waiting; ``False`` leaves it to the connection's task.
+
+        The task is waiting for a line, so every earlier request was answered.
+        Nothing is answered here while a line is being written (a reply or a
+        notification) or the connection is ending. The reply is offered to
+        the socket directly; what the socket does not take is kept, and the
+        task is woken to send it, under the send lock and the write timeout,
+        before anything else is written or read.
+        """
+        if self._send_lock.locked() or self._unsent is not None or self.scope.cancel_called:
+            return False
+        assert self._answer is not None
+        reply = self._answer(self, line)
+        if isinstance(reply, Later):
+            return False
+        if reply is not None:
+            pending = _pending(reply)
+            raw = self._raw_socket
+            try:
+                if len(pending) == 1:
+                    sent = raw.send(pending[0])
+                    if sent == len(pending[0]):
+                        return True  # the usual reply: all of it sent
+                else:
+                    sent = raw.sendmsg(pending)
+                pending = _advance(pending, sent)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self.scope.cancel()  # the peer is gone: the connection ends
+                return True
+            if pending:
+                self._unsent = pending
+                self.lines.interrupt()
+        return True
+
+    async def send_unsent(self) -> bool:
+        """Send what the socket did not take of a reply given at once (see
+        :meth:`_answer_now`), unless a sender did first; ``False`` if the peer
+        is gone or stuck."""
+        if self._unsent is None:
+            return True
+        await self._send_lock.acquire()
+        try:
+            pending, self._unsent = self._unsent, None
+            return await self._send_rest(self._raw_socket, pending) if pending else True
+        finally:
+            self._send_lock.release()
 
     def _reading_stopped(self) -> None:
         """The line reader saw end-of-stream or an error, or paused: check the peer
@@ -173,14 +247,11 @@ class Connection:
         discovery's own encoded buffer, not from a copy.
         """
         raw = self._raw_socket
-        if len(parts) == 1 and len(parts[0]) < _JOIN_BELOW_BYTES:
-            # A small line is cheaper joined and sent with send(2) than gathered.
-            pending = [memoryview(b"".join((parts[0], b"\n")))]
-        else:
-            pending = [memoryview(part) for part in parts]
-            pending.append(_NEWLINE)
-        if self._send_lock.locked():
+        pending = _pending(parts)
+        if self._send_lock.locked() or self._unsent is not None:
             await self._send_lock.acquire()
+            if self._unsent is not None:  # a reply answered at once goes first
+                pending, self._unsent = [*self._unsent, *pending], None
         else:
             try:
                 sent = raw.send(pending[0]) if len(pending) == 1 else raw.sendmsg(pending)
@@ -236,6 +307,16 @@ _NEWLINE = memoryview(b"\n")
 _JOIN_BELOW_BYTES = 64 * 1024
 
 
+def _pending(parts: ReplyParts) -> list[memoryview]:
+    """One line's parts and its newline, ready for ``send``/``sendmsg``."""
+    if len(parts) == 1 and len(parts[0]) < _JOIN_BELOW_BYTES:
+        # A small line is cheaper joined and sent with send(2) than gathered.
+        return [memoryview(b"".join((parts[0], b"\n")))]
+    pending = [memoryview(part) for part in parts]
+    pending.append(_NEWLINE)
+    return pending
+
+
 def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
     """``parts`` less their first ``sent`` bytes."""
     for index, part in enumerate(parts):
@@ -245,6 +326,10 @@ def _advance(parts: list[memoryview], sent: int) -> list[memoryview]:
             return rest
         sent -= len(part)
     return []
+
+
+class Interrupted(Exception):
+    """:meth:`_LineReader.next_line` was interrupted (see :meth:`_LineReader.interrupt`)."""
 
 
 class _LineReader:
@@ -264,8 +349,17 @@ class _LineReader:
     that a peer pipelining requests cannot hold the event loop, the task
     yields after every ``_YIELD_EVERY`` lines it took without waiting.
 
+    While the task waits for a line (so every earlier line was taken), lines
+    that arrive are first offered to ``answer_now``, in order, up to
+    ``_YIELD_EVERY`` per callback: a request answered there never wakes the
+    task. The first line it declines, and every line after it, goes to the
+    task.
+
     Args:
         sock: the connection's socket (non-blocking).
+        answer_now: called on the event loop with a line (at most
+            ``MAX_MESSAGE_BYTES``, with or without its ``\\n``); ``True`` if
+            it answered it, ``False`` to leave it to :meth:`next_line`.
         on_blind: called on the event loop when the reader stops watching
             the socket: when end-of-stream or an error is first received, at
             :meth:`stop`, and each time reading pauses (it no longer sees
@@ -276,9 +370,17 @@ class _LineReader:
     _RESUME_BYTES = _RECEIVE_CHUNK
     _YIELD_EVERY = 16
 
-    def __init__(self, sock: socket.socket, *, on_blind: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        on_blind: Callable[[], None] | None = None,
+        answer_now: Callable[[bytes], bool] | None = None,
+    ) -> None:
         self._sock = sock
         self._on_blind = on_blind
+        self._answer_now = answer_now
+        self._interrupted = False
         self._buffer = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading = False
@@ -342,11 +444,47 @@ class _LineReader:
             self._pause()
             self._end()
             return
-        self._buffer += data
-        if len(self._buffer) > self._PAUSE_BYTES:
+        buffer = self._buffer
+        if self._answer_now is not None and self._waiter is not None and not self._waiter.done():
+            if not self._answer_first(data):
+                return  # nothing for the task: it waits on
+        else:
+            buffer += data
+        if len(buffer) > self._PAUSE_BYTES:
             self._pause()
             if self._on_blind is not None:
                 self._on_blind()
+        self._wake()
+
+    def _answer_first(self, data: bytes) -> bool:
+        """Offer the lines in ``data`` to ``answer_now`` (the task waits, so it took
+        every earlier line); what is not answered is buffered for the task.
+
+        Returns:
+            Whether the task has something to take: a line, an over-long
+            start of one, or an interruption.
+        """
+        buffer = self._buffer
+        answer_now = self._answer_now
+        assert answer_now is not None
+        if not buffer and data.find(b"\n") == len(data) - 1:
+            # One whole line and nothing before it: the usual request.
+            if answer_now(data):
+                return self._interrupted
+            buffer += data
+            return True
+        buffer += data
+        for _ in range(self._YIELD_EVERY):
+            at = buffer.find(b"\n")
+            if at < 0 or at > MAX_MESSAGE_BYTES or not answer_now(bytes(buffer[:at])):
+                break
+            del buffer[: at + 1]
+        return self._interrupted or len(buffer) > MAX_MESSAGE_BYTES or b"\n" in buffer
+
+    def interrupt(self) -> None:
+        """Make :meth:`next_line` raise :class:`Interrupted` once: now if a task
+        waits in it, else at its next call (before any line)."""
+        self._interrupted = True
         self._wake()
 
     async def next_line(self) -> bytes | None:
@@ -356,8 +494,12 @@ class _LineReader:
 
         Raises:
             EOFError: nothing more will come (end of stream, an error, or :meth:`stop`).
+            Interrupted: :meth:`interrupt` was called.
         """
         while True:
+            if self._interrupted:
+                self._interrupted = False
+                raise Interrupted
             buffer = self._buffer
             at = buffer.find(b"\n")
             if at >= 0:
@@ -524,7 +666,7 @@ class Server:
             connection.scope.cancel()
 
     async def _serve_connection(self, stream: SocketStream, number: int) -> None:
-        connection = Connection(stream, number, self.write_timeout_s)
+        connection = Connection(stream, number, self.write_timeout_s, self._answer_now)
         self.connections.add(connection)
         try:
             with connection.scope:
@@ -575,6 +717,10 @@ class Server:
                 line = await lines.next_line()
             except EOFError:
                 return
+            except Interrupted:
+                if not await connection.send_unsent():
+                    return
+                continue
             final = lines.ended and not lines.buffered
             if line is None or len(line) > MAX_MESSAGE_BYTES:
                 await connection.send_line(
@@ -596,6 +742,16 @@ class Server:
             if final:
                 return
 
+    def _answer_now(self, connection: Connection, line: bytes) -> ReplyParts | Later | None:
+        """:meth:`Dispatcher.answer_now`, or ``LATER`` once the server is stopping;
+        -32603 as in :meth:`_answer`."""
+        if self._stopping:
+            return LATER
+        try:
+            return self.dispatcher.answer_now(line)
+        except Exception as exc:
+            return self._failed(connection, line, exc)
+
     async def _answer(self, connection: Connection, line: bytes) -> ReplyParts | None:
         """The dispatcher's reply to ``line``; -32603 if the dispatcher itself fails.
 
@@ -607,13 +763,17 @@ class Server:
         try:
             return await self.dispatcher.answer_line(line)
         except Exception as exc:
-            log.error(
-                "request could not be answered",
-                connection=connection.number,
-                line_bytes=len(line),
-                exc_info=True,
-            )
-            return (encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}"),)
+            return self._failed(connection, line, exc)
+
+    @staticmethod
+    def _failed(connection: Connection, line: bytes, exc: Exception) -> ReplyParts:
+        log.error(
+            "request could not be answered",
+            connection=connection.number,
+            line_bytes=len(line),
+            exc_info=True,  # called while ``exc`` is being handled
+        )
+        return (encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}"),)
 
 
 #: Descriptors kept free for everything that is not a connection: the store,
