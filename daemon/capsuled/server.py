@@ -1,14 +1,16 @@
 """The Unix-socket server: listener, framing, connections, drain (SPEC §7, §8).
 
 One message per line. A line longer than ``MAX_MESSAGE_BYTES`` is answered
-with -32600 and the connection is closed (the length is checked here, since
-anyio's ``receive_until`` may hand back a longer line when the delimiter was
-already buffered). A final line without its ``\\n`` is still answered when the
-peer half-closes (``printf '...' | socat - UNIX-CONNECT:sock`` works).
+with -32600 and the connection is closed. A final line without its ``\\n``
+is still answered when the peer half-closes (``printf '...' | socat -
+UNIX-CONNECT:sock`` works).
 
-Requests on one connection are answered in order. No failure of one
-connection reaches the server: each connection task catches what it raises
-(LIBRARY-FACTS: one escaping exception kills an anyio ``serve``).
+Requests on one connection are answered in order. While a connection's task
+waits for its next request, a request for an immediate method (``ping``,
+``status``: see :meth:`Dispatcher.answer_now`) is answered from the event
+loop's callback for the readable socket, without waking the task. No failure
+of one connection reaches the server: each connection task catches what it
+raises (LIBRARY-FACTS: one escaping exception kills an anyio ``serve``).
 
 A reply the peer does not read within ``write_timeout_s`` drops the
 connection, so a stuck reader cannot hold a request slot forever.
