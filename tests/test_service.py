@@ -470,15 +470,24 @@ def test_watchdog_keep_alives_arrive_at_half_the_interval(
     assert 0.035 < elapsed_s < 4  # two intervals of 20 ms passed between three keep-alives
 
 
-def test_watchdog_off_returns_at_once() -> None:
-    notifier = Notifier.from_environ({})
+def test_watchdog_off_returns_at_once_and_sends_nothing(
+    notify_socket: tuple[str, socket.socket],
+) -> None:
+    """Notifications on, no ``WATCHDOG_USEC``: no keep-alive is sent, and the task ends."""
+    value, receiver = notify_socket
+    notifier = Notifier.from_environ({"NOTIFY_SOCKET": value})
+    assert notifier.enabled and notifier.watchdog_interval_s is None
 
     async def main() -> None:
-        with anyio.fail_after(1):
+        with anyio.fail_after(1):  # it returns at once, not after an interval
             await service.send_watchdog(notifier)
 
-    anyio.run(main)
-    assert not notifier.enabled
+    try:
+        anyio.run(main)
+        assert notifier.ready()  # the next datagram is READY=1: no WATCHDOG=1 came first
+        assert receiver.recv(4096).startswith(b"READY=1")
+    finally:
+        notifier.close()
 
 
 def test_notifier_without_notify_socket_does_nothing() -> None:
