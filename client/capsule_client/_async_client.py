@@ -13,7 +13,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from msgspec import Raw
 
 from . import _core
-from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
+from ._core import DEFAULT_TIMEOUT_S, MAX_REPLY_BYTES, Call, ClientCore
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
     ActiveSessionsSnapshot,
@@ -28,8 +28,6 @@ __all__ = ["AsyncClient", "AsyncSubscription"]
 
 T = TypeVar("T")
 
-_MAX_REPLY_BYTES = 1 << 30
-
 
 class AsyncClient:
     """Talks to capsuled from anyio code (asyncio or trio).
@@ -41,9 +39,13 @@ class AsyncClient:
     """
 
     def __init__(
-        self, socket_path: str | Path | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        socket_path: str | Path | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
-        self._core = ClientCore(socket_path, timeout_s)
+        self._core = ClientCore(socket_path, timeout_s, max_reply_bytes)
         self._stream: SocketStream | None = None
         self._reader: BufferedByteReceiveStream | None = None
         self._lock = anyio.Lock()
@@ -136,7 +138,7 @@ class AsyncClient:
                     except anyio.BrokenResourceError:
                         pass  # refused before the request arrived: read why (see Client)
                     while True:
-                        line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
+                        line = await self._line(reader)
                         result = self._core.read_reply(request_id, line)
                         if result is not None:
                             return result
@@ -163,13 +165,22 @@ class AsyncClient:
                 if reader is None:
                     raise ConnectionLost(f"the connection to {self.socket_path} is closed")
                 try:
-                    line = await reader.receive_until(b"\n", _MAX_REPLY_BYTES)
+                    line = await self._line(reader)
                 except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
                     await self._disconnect()
                     raise ConnectionLost(
                         f"the daemon at {self.socket_path} closed the connection"
                     ) from exc
                 self._core.read_notification(line)
+
+    async def _line(self, reader: BufferedByteReceiveStream) -> bytes:
+        """The next line from the daemon; raises ``ProtocolError`` past ``max_reply_bytes``
+        (and closes the connection)."""
+        try:
+            return await reader.receive_until(b"\n", self._core.max_reply_bytes)
+        except anyio.DelimiterNotFound:
+            await self._disconnect()
+            raise self._core.too_long() from None
 
     async def _connect(self) -> tuple[SocketStream, BufferedByteReceiveStream]:
         if self._stream is None or self._reader is None:

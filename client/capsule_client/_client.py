@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from msgspec import Raw
 
 from . import _core
-from ._core import DEFAULT_TIMEOUT_S, Call, ClientCore
+from ._core import DEFAULT_TIMEOUT_S, MAX_REPLY_BYTES, Call, ClientCore
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
     ActiveSessionsSnapshot,
@@ -35,19 +35,27 @@ class Client:
         socket_path: the daemon's socket; default per SPEC §2
             (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
         timeout_s: seconds to wait for each reply (long polls wait longer).
+        max_reply_bytes: the longest line accepted from the daemon (default
+            1 GiB; see ``capsule_client._core.MAX_REPLY_BYTES``).
 
     Raises (from every method):
         DaemonNotRunning: nothing accepts connections on the socket.
         RequestTimeout: no reply in time (the connection is closed).
         ConnectionLost: the daemon closed the connection before answering.
+        ProtocolError: what came back is not a JSON-RPC reply, or is longer
+            than ``max_reply_bytes`` (the connection is closed).
         RemoteError: the daemon answered an error (a subclass per code).
         ClientClosed: the client was used after :meth:`close`.
     """
 
     def __init__(
-        self, socket_path: str | Path | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        socket_path: str | Path | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
-        self._core = ClientCore(socket_path, timeout_s)
+        self._core = ClientCore(socket_path, timeout_s, max_reply_bytes)
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
 
@@ -174,12 +182,26 @@ class Client:
             self._core.read_notification(line)
 
     def _read_line(self, sock: socket.socket, deadline: float | None) -> bytes:
+        """The next line from the daemon, without its ``\\n``.
+
+        Raises:
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
+            ConnectionLost: the daemon closed the connection.
+            ProtocolError: the line is longer than ``max_reply_bytes`` (the
+                connection is closed).
+        """
+        buffer, limit = self._buffer, self._core.max_reply_bytes
+        searched = 0  # bytes already searched for the line end: a long reply is searched once
         while True:
-            end = self._buffer.find(b"\n")
+            end = buffer.find(b"\n", searched)
+            if end > limit or (end < 0 and len(buffer) > limit):
+                self._disconnect()
+                raise self._core.too_long()
             if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
+                line = bytes(buffer[:end])
+                del buffer[: end + 1]
                 return line
+            searched = len(buffer)
             if deadline is None:
                 sock.settimeout(None)
             else:
@@ -190,7 +212,7 @@ class Client:
             chunk = sock.recv(65536)
             if not chunk:
                 raise ConnectionLost(f"the daemon at {self.socket_path} closed the connection")
-            self._buffer += chunk
+            buffer += chunk
 
     def _connect(self) -> socket.socket:
         if self._sock is not None:

@@ -52,6 +52,12 @@ _RECONCILE_SCAN_ALLOWANCE_S: Final = 10.0
 #: past it, the subscription ends as if the daemon had dropped it.
 MAX_QUEUED_NOTIFICATIONS: Final = 4096
 
+#: The longest line a client accepts from the daemon, bytes. The largest
+#: replies are a reconcile of hundreds of thousands of lost works (about
+#: 90 MB for 300,000) and a snapshot batch (its replies stop after 16 MiB);
+#: a longer line, or that many bytes without a line end, is not a reply.
+MAX_REPLY_BYTES: Final = 1 << 30
+
 _encoder: Final = msgspec.json.Encoder()
 _response: Final = msgspec.json.Decoder(Response)
 _changed: Final = msgspec.json.Decoder(SessionsChanged)
@@ -149,11 +155,18 @@ class ClientCore:
     Args:
         socket_path: the daemon's socket; default per SPEC §2.
         timeout_s: seconds to wait for each reply.
+        max_reply_bytes: the longest line accepted from the daemon.
     """
 
-    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ):
         self.socket_path = Path(socket_path) if socket_path is not None else default_socket()
         self.timeout_s = timeout_s
+        self.max_reply_bytes = max_reply_bytes
         self.closed = False
         self._last_id = 0
         self._subscriptions: set[str] = set()
@@ -163,6 +176,13 @@ class ClientCore:
         """Raises :class:`ClientClosed` once the client has been closed."""
         if self.closed:
             raise ClientClosed("this client is closed; make a new one")
+
+    def too_long(self) -> ProtocolError:
+        """The error for a line from the daemon longer than :attr:`max_reply_bytes`."""
+        return ProtocolError(
+            f"{self.socket_path} sent more than {self.max_reply_bytes} bytes without a line end: "
+            "not a reply (the connection is closed)"
+        )
 
     def timeout_for(self, call: Call[Any]) -> float:
         """Seconds to wait for the reply to ``call``."""
