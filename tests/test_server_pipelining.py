@@ -234,3 +234,33 @@ async def test_a_last_line_without_newline_after_a_half_close_follows_a_partial_
     replies = [json.loads(line) for line in received.splitlines()]
     assert [r["id"] for r in replies] == [1, 2]
     assert len(replies[0]["result"]["blob"]) == BIG
+
+
+async def test_an_immediate_method_that_suspends_is_counted_as_the_error_it_is_answered(
+    short_dir: Path,
+) -> None:
+    """The client is answered -32603; the request must not be counted (``status`` totals)
+    nor logged as a success."""
+    outcomes: list[tuple[str, int | None]] = []
+
+    async def suspends(params: NoParams) -> dict[str, bool]:
+        await anyio.lowlevel.checkpoint()
+        return {"never": True}
+
+    server = Server(
+        Dispatcher(
+            {"suspends": Method(NoParams, suspends, immediate=True)},
+            on_request=lambda method, outcome: outcomes.append((method, outcome)),
+        )
+    )
+    path = short_dir / "s.sock"
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, listen_unix(path))
+        with anyio.fail_after(20):
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}\n')
+                reply = json.loads(await stream.receive())
+        server.stop_accepting()
+        server.close_idle()
+    assert reply["error"]["code"] == -32603
+    assert all(outcome is not None for _, outcome in outcomes), outcomes
