@@ -252,10 +252,19 @@ async def test_a_line_that_may_wait_is_left_for_later_untouched(line: bytes) -> 
     assert seen == []  # nothing was run or counted
 
 
-async def test_an_immediate_method_that_suspends_is_a_defect_that_is_reported() -> None:
+async def test_an_immediate_method_that_suspends_is_answered_as_the_error_it_is() -> None:
     async def suspends(params: NoParams) -> None:
         await anyio.lowlevel.checkpoint()
 
-    dispatcher = Dispatcher({"suspends": Method(NoParams, suspends, immediate=True)})
-    with pytest.raises(RuntimeError, match="suspended"):
-        dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')
+    seen: list[tuple[str, int | None]] = []
+    dispatcher = Dispatcher(
+        {"suspends": Method(NoParams, suspends, immediate=True)},
+        on_request=lambda m, o: seen.append((m, o)),
+    )
+    with structlog.testing.capture_logs() as logs:
+        reply = dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')
+    assert isinstance(reply, tuple)
+    error = json.loads(b"".join(reply))["error"]
+    assert error["code"] == -32603 and "suspended" in error["message"]
+    assert seen == [("suspends", -32603)]
+    assert "method raised" in [log["event"] for log in logs]

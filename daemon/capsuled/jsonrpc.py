@@ -147,7 +147,8 @@ _ENCODED: Final = (Raw, Encoded)
 class Method:
     """A method the daemon serves: its params type and its handler.
 
-    ``immediate``: the handler never awaits, so a request for it can be
+    ``immediate``: the handler never awaits (and sets no context variable:
+    it runs in the connection's reader callback), so a request for it can be
     answered on the spot by :meth:`Dispatcher.answer_now`.
     """
 
@@ -232,9 +233,9 @@ class Dispatcher:
         callback for a readable socket, so that a ``ping`` costs no task
         switch (docs/benchmark-profiles.md).
 
-        Raises:
-            RuntimeError: an ``immediate`` method's handler awaited something
-                that suspended (a defect: such a method must not be immediate).
+        An ``immediate`` method's handler that suspends all the same (a
+        defect: such a method must not be immediate) is failed where it
+        waits, and answered -32603.
         """
         parsed = self._parse(line)
         if isinstance(parsed, Envelope):
@@ -474,17 +475,25 @@ class _Batch:
 
 
 def _run_now(call: Coroutine[Any, Any, T]) -> T:
-    """Run ``call`` to its end without an event loop; it must not suspend.
+    """Run ``call`` to its end without an event loop.
+
+    A call that suspends anyway (an immediate method whose handler awaited
+    something) is failed where it waits, with a ``RuntimeError``: the
+    dispatcher answers, counts and logs it as the -32603 it is.
 
     Raises:
-        RuntimeError: it suspended (a handler marked immediate awaited something).
+        RuntimeError: the call suspended again after that.
     """
     try:
         call.send(None)
     except StopIteration as done:
         return cast(T, done.value)
+    try:
+        call.throw(RuntimeError("an immediate method's handler suspended"))
+    except StopIteration as done:
+        return cast(T, done.value)
     call.close()
-    raise RuntimeError("an immediate method's handler suspended")
+    raise RuntimeError("an immediate method's handler suspended twice")
 
 
 def _not_a_request(text: bytes) -> bytes:
