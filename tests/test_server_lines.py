@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
@@ -225,3 +226,33 @@ async def test_a_request_arriving_while_another_is_handled_is_not_answered_first
         server.close_idle()
     assert [reply["id"] for reply in replies] == [1, 2]
     assert dispatcher.ways == [("task", 1), ("task", 2)]
+
+
+async def test_a_failure_while_answering_at_once_ends_only_that_connection(
+    short_dir: Path,
+) -> None:
+    """As a failure in the connection's task would: logged, the connection closed,
+    the server serving on."""
+
+    class Malformed(Dispatcher):
+        def answer_now(self, line: bytes) -> ReplyParts | Later | None:
+            if b"bad" in line:
+                return (12345,)  # type: ignore[return-value]  # not bytes: sending it fails
+            return super().answer_now(line)
+
+    server = Server(Malformed({"ping": Method(NoParams, _ping, immediate=True)}))
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listen_unix(short_dir / "f.sock"))
+            with anyio.fail_after(20):
+                async with await anyio.connect_unix(short_dir / "f.sock") as stream:
+                    await stream.send(_request(1, "bad"))
+                    with pytest.raises(anyio.EndOfStream):
+                        await stream.receive()
+                async with await anyio.connect_unix(short_dir / "f.sock") as stream:
+                    await stream.send(_request(2, "ping"))
+                    [reply] = await _read_lines(stream, 1)
+            server.stop_accepting()
+            server.close_idle()
+    assert reply == {"jsonrpc": "2.0", "id": 2, "result": {"pong": True}}
+    assert [log["event"] for log in logs if log["log_level"] == "warning"] == ["connection failed"]

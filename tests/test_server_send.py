@@ -71,3 +71,26 @@ async def test_a_sender_waiting_to_drain_is_woken_when_the_connection_closes() -
                 connection.notify_closing()
                 await stream.aclose()
     assert outcome == [False]
+
+
+async def test_after_a_line_is_cut_short_nothing_more_is_written() -> None:
+    """The write timeout leaves the peer part of a line: another line would read as
+    its end, so the connection refuses every later line."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        stream = await UNIXSocketStream.from_socket(ours)
+        async with stream:
+            connection = Connection(stream, 1, write_timeout_s=0.2)
+            with anyio.fail_after(5):
+                assert await connection.send_line(BIG) is False
+            theirs.setblocking(False)
+            received = 0
+            while True:  # what the socket took of the line cut short
+                try:
+                    received += len(theirs.recv(1 << 20))
+                except BlockingIOError:
+                    break
+            assert 0 < received < len(BIG) + 1
+            assert await connection.send_line(b'{"note":true}') is False
+            with pytest.raises(BlockingIOError):  # nothing was written after it
+                theirs.recv(65536)

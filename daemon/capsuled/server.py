@@ -112,6 +112,9 @@ class Connection:
         #: The rest of a reply answered at once that the socket did not take:
         #: it goes out before anything else (see :meth:`_answer_now`).
         self._unsent: list[memoryview] | None = None
+        #: A line was cut short (a send failed, or the write timeout passed):
+        #: the peer may hold part of a line, so nothing more is written.
+        self._cut_short = False
         self._guarded = 0  # requests in unless_peer_leaves
         self._peer_check: asyncio.TimerHandle | None = None
 
@@ -158,9 +161,24 @@ class Connection:
         notification) or the connection is ending. The reply is offered to
         the socket directly; what the socket does not take is kept, and the
         task is woken to send it, under the send lock and the write timeout,
-        before anything else is written or read.
+        before anything else is written or read. A failure here ends the
+        connection, as one in the task would.
         """
-        if self._send_lock.locked() or self._unsent is not None or self.scope.cancel_called:
+        try:
+            return self._answer_and_send(line)
+        except Exception:
+            log.warning("connection failed", connection=self.number, exc_info=True)
+            self._cut_short = True
+            self.scope.cancel()
+            return True
+
+    def _answer_and_send(self, line: bytes) -> bool:
+        if (
+            self._send_lock.locked()
+            or self._unsent is not None
+            or self._cut_short
+            or self.scope.cancel_called
+        ):
             return False
         assert self._answer is not None
         reply = self._answer(self, line)
@@ -180,6 +198,7 @@ class Connection:
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
+                self._cut_short = True
                 self.scope.cancel()  # the peer is gone: the connection ends
                 return True
             if pending:
@@ -190,12 +209,14 @@ class Connection:
     async def send_unsent(self) -> bool:
         """Send what the socket did not take of a reply given at once (see
         :meth:`_answer_now`), unless a sender did first; ``False`` if the peer
-        is gone or stuck."""
+        is gone or stuck (then or in that sender's hands)."""
         if self._unsent is None:
-            return True
+            return not self._cut_short
         await self._send_lock.acquire()
         try:
             pending, self._unsent = self._unsent, None
+            if self._cut_short:
+                return False
             return await self._send_rest(self._raw_socket, pending) if pending else True
         finally:
             self._send_lock.release()
@@ -247,7 +268,13 @@ class Connection:
         joined with its newline; otherwise the parts are gathered by the
         kernel, never joined here: a snapshot reply of megabytes is sent from
         discovery's own encoded buffer, not from a copy.
+
+        Once a line was cut short (a failed send, the write timeout), every
+        later line is refused: the peer may hold part of a line, and another
+        line would read as its end.
         """
+        if self._cut_short:
+            return False
         raw = self._raw_socket
         pending = _pending(parts)
         if self._send_lock.locked() or self._unsent is not None:
@@ -261,12 +288,15 @@ class Connection:
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
+                self._cut_short = True
                 return False
             if not pending:
                 return True
             # Taken before any await: nothing can write between the two halves.
             self._send_lock.acquire_nowait()
         try:
+            if self._cut_short:  # by the sender that held the lock before
+                return False
             return await self._send_rest(raw, pending)
         finally:
             self._send_lock.release()
@@ -281,8 +311,10 @@ class Connection:
                     except (BlockingIOError, InterruptedError):
                         await anyio.wait_writable(raw)
             except (anyio.ClosedResourceError, OSError):
+                self._cut_short = True
                 return False
             return True
+        self._cut_short = True
         if timeout.cancelled_caught:
             log.warning(
                 "dropping a connection that does not read its replies",
