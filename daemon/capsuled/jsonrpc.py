@@ -224,12 +224,12 @@ class Dispatcher:
     def answer_now(self, line: bytes) -> ReplyParts | Later | None:
         """:meth:`answer_line`'s reply, given without waiting, or ``LATER``.
 
-        A single request for an ``immediate`` method is answered here, by the
-        same code as :meth:`answer_line` (statistics and logging included);
-        so is a line that is not JSON, and a blank line (``None``). Anything
-        else (a batch, a method that may wait, an envelope that is not a
-        well-formed request) is ``LATER``: give the line to
-        :meth:`answer_line`. The server calls this from the event loop's
+        A single request naming an ``immediate`` method is answered here, by
+        the same code as :meth:`answer_line` (validation, statistics and
+        logging included); so is a line that is not JSON or not an object,
+        and a blank line (``None``). Anything else (a batch, a request for
+        any other method, a method name that is not a plain string) is
+        ``LATER``: give the line to :meth:`answer_line`. The server calls this from the event loop's
         callback for a readable socket, so that a ``ping`` costs no task
         switch (docs/benchmark-profiles.md).
 
@@ -239,7 +239,8 @@ class Dispatcher:
         """
         parsed = self._parse(line)
         if isinstance(parsed, Envelope):
-            method = self._immediate.get(bytes(parsed.method)) if parsed.method else None
+            name = parsed.method
+            method = None if name is UNSET else self._immediate.get(bytes(name))
             if method is None:
                 return LATER
             return self._parts(_run_now(self._handle_one(parsed)))
