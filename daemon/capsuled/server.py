@@ -387,7 +387,7 @@ class _LineReader:
     that arrive are first offered to ``answer_now``, in order, up to
     ``_YIELD_EVERY`` per callback: a request answered there never wakes the
     task. The first line it declines, and every line after it, goes to the
-    task.
+    task, until the task waits again.
 
     Args:
         sock: the connection's socket (non-blocking).
