@@ -36,7 +36,7 @@ class Client:
             (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
         timeout_s: seconds to wait for each reply (long polls wait longer).
         max_reply_bytes: the longest line accepted from the daemon (default
-            1 GiB; see ``capsule_client._core.MAX_REPLY_BYTES``).
+            1 GiB: a reconcile of 300,000 lost works is about 90 MB).
 
     Raises (from every method):
         DaemonNotRunning: nothing accepts connections on the socket.
