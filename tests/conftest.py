@@ -1,10 +1,24 @@
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import DaemonProcess, short_tmpdir
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Children get SIGINT as a terminal would deliver it.
+
+    A suite started with SIGINT ignored (a background job of a
+    non-interactive shell, ``nohup``) hands the ignoring on to every child
+    it starts, and Python leaves an inherited ignore in place: the tests
+    that stop ``capsulectl watch`` with Ctrl-C would wait for an exit that
+    never comes.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
