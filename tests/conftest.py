@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sessions_support import Sleepers, sleepers
 from support import DaemonProcess, short_tmpdir
 
 
@@ -40,3 +41,10 @@ def daemon(short_dir: Path) -> Iterator[DaemonProcess]:
     home.mkdir(mode=0o700)
     with DaemonProcess(home, short_dir / "d.sock") as process:
         yield process
+
+
+@pytest.fixture
+def pool() -> Iterator[Sleepers]:
+    """Real ``sleep`` processes, started on demand (``pool.start()``), gone after the test."""
+    with sleepers() as started:
+        yield started

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import anyio
 import pytest
-from sessions_support import Sleepers, sleepers
+from sessions_support import Sleepers
 
 from capsuled.exits import ExitWatch, pidfds_supported
 from capsuled.processes import sample_processes
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 def _run_watch(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,7 +18,6 @@ from sessions_support import (
     World,
     make_home,
     pids,
-    sleepers,
 )
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
@@ -27,12 +26,6 @@ from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 @pytest.fixture

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psutil
 import pytest
-from sessions_support import Sleepers, sleepers
+from sessions_support import Sleepers
 
 from capsuled import processes
 from capsuled.processes import matches_start, sample_processes
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 def test_the_sample_agrees_with_psutil(pool: Sleepers) -> None:

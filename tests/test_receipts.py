@@ -6,14 +6,13 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
 import psutil
 import pytest
-from sessions_support import Sleepers, make_home, sleepers
+from sessions_support import Sleepers, make_home
 
 from capsule_client.receipts import (
     ExecReceipt,
@@ -29,12 +28,6 @@ from capsule_client.receipts import (
 )
 
 NO_SUCH_PID = 2**31 - 1
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 @pytest.fixture

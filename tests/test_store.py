@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import Sleepers, sleepers
+from sessions_support import Sleepers
 
 from capsule_client.store import OwnershipStore, StoreVersionError
 from capsuled.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import Sleepers, pids, sleepers
+from sessions_support import Sleepers, pids
 from support import DaemonProcess
 
 from capsule_client import Client
@@ -89,12 +89,6 @@ def reply(sock: socket.socket) -> ActiveSessionsSnapshot:
     answer = json.loads(data)
     assert "result" in answer, answer
     return msgspec.convert(answer["result"], ActiveSessionsSnapshot)
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 def test_max_age_0_waits_for_an_observation_that_began_after_it(

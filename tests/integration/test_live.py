@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from sessions_support import Sleepers, sleepers
+from sessions_support import Sleepers
 from support import ChildOutput, DaemonProcess, wait_until
 
 from capsule_client import AsyncClient, Client, Subscription
@@ -36,12 +36,6 @@ from capsuled.subscriptions import MAX_PER_CONNECTION, MAX_UNDELIVERED
 
 QUIET_SAMPLING = ["--sample-interval", "60"]
 DEADLINE_S = 5.0
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import Sleepers, pids, sleepers
+from sessions_support import Sleepers, pids
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
@@ -24,12 +24,6 @@ from capsule_client.receipts import write_exec_receipt, write_provider_client_re
 from capsule_client.store import OwnershipStore
 
 SAMPLE_INTERVAL_S = 0.5
-
-
-@pytest.fixture
-def pool() -> Iterator[Sleepers]:
-    with sleepers() as pool:
-        yield pool
 
 
 @pytest.fixture
