@@ -268,3 +268,26 @@ async def test_an_immediate_method_that_suspends_is_answered_as_the_error_it_is(
     assert error["code"] == -32603 and "suspended" in error["message"]
     assert seen == [("suspends", -32603)]
     assert "method raised" in [log["event"] for log in logs]
+
+
+async def test_an_immediate_handler_that_catches_its_suspension_is_still_an_error() -> None:
+    """A handler that catches what fails it where it waited still suspended: the
+    request is answered -32603, as answer_now's docstring says, not with the fallback."""
+
+    async def suspends(params: NoParams) -> dict[str, bool]:
+        try:
+            await anyio.lowlevel.checkpoint()
+        except Exception:
+            return {"fallback": True}
+        return {"waited": True}
+
+    seen: list[tuple[str, int | None]] = []
+    dispatcher = Dispatcher(
+        {"suspends": Method(NoParams, suspends, immediate=True)},
+        on_request=lambda m, o: seen.append((m, o)),
+    )
+    reply = dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')
+    assert isinstance(reply, tuple)
+    answer = json.loads(b"".join(reply))
+    assert answer.get("error", {}).get("code") == -32603, answer
+    assert seen == [("suspends", -32603)]
