@@ -175,12 +175,22 @@ class AsyncClient:
 
     async def _line(self, reader: BufferedByteReceiveStream) -> bytes:
         """The next line from the daemon; raises ``ProtocolError`` past ``max_reply_bytes``
-        (and closes the connection)."""
+        (and closes the connection).
+
+        anyio's ``receive_until`` (4.16) refuses a buffer of ``max_bytes``
+        without a line end before reading on, yet returns a longer line that
+        arrived whole: one byte more than the limit, and a check of the line,
+        make the limit the same however the reply is split into reads.
+        """
+        limit = self._core.max_reply_bytes
         try:
-            return await reader.receive_until(b"\n", self._core.max_reply_bytes)
+            line = await reader.receive_until(b"\n", limit + 1)
         except anyio.DelimiterNotFound:
+            line = None
+        if line is None or len(line) > limit:
             await self._disconnect()
-            raise self._core.too_long() from None
+            raise self._core.too_long()
+        return line
 
     async def _connect(self) -> tuple[SocketStream, BufferedByteReceiveStream]:
         if self._stream is None or self._reader is None:
