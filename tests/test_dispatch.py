@@ -194,9 +194,18 @@ async def test_a_result_encoded_in_parts_is_sent_as_one_json_text(size: int) -> 
 
 # Answers given without waiting (``Dispatcher.answer_now``)
 
+
+def _ping_now(params: NoParams) -> dict[str, bool]:
+    return {"pong": True}
+
+
+def _boom_now(params: NoParams) -> None:
+    raise ZeroDivisionError("a bug in a method")
+
+
 IMMEDIATE = {
-    "ping": Method(NoParams, _ping, immediate=True),
-    "boom": Method(NoParams, _boom, immediate=True),
+    "ping": Method(NoParams, _ping_now, immediate=True),
+    "boom": Method(NoParams, _boom_now, immediate=True),
     "later": Method(NoParams, _ping),
 }
 
@@ -252,42 +261,12 @@ async def test_a_line_that_may_wait_is_left_for_later_untouched(line: bytes) -> 
     assert seen == []  # nothing was run or counted
 
 
-async def test_an_immediate_method_that_suspends_is_answered_as_the_error_it_is() -> None:
-    async def suspends(params: NoParams) -> None:
-        await anyio.lowlevel.checkpoint()
-
-    seen: list[tuple[str, int | None]] = []
-    dispatcher = Dispatcher(
-        {"suspends": Method(NoParams, suspends, immediate=True)},
-        on_request=lambda m, o: seen.append((m, o)),
-    )
-    with structlog.testing.capture_logs() as logs:
-        reply = dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')
-    assert isinstance(reply, tuple)
-    error = json.loads(b"".join(reply))["error"]
-    assert error["code"] == -32603 and "suspended" in error["message"]
-    assert seen == [("suspends", -32603)]
-    assert "method raised" in [log["event"] for log in logs]
-
-
-async def test_an_immediate_handler_that_catches_its_suspension_is_still_an_error() -> None:
-    """A handler that catches what fails it where it waited still suspended: the
-    request is answered -32603, as answer_now's docstring says, not with the fallback."""
-
-    async def suspends(params: NoParams) -> dict[str, bool]:
-        try:
-            await anyio.lowlevel.checkpoint()
-        except Exception:
-            return {"fallback": True}
-        return {"waited": True}
-
-    seen: list[tuple[str, int | None]] = []
-    dispatcher = Dispatcher(
-        {"suspends": Method(NoParams, suspends, immediate=True)},
-        on_request=lambda m, o: seen.append((m, o)),
-    )
-    reply = dispatcher.answer_now(b'{"jsonrpc":"2.0","id":1,"method":"suspends"}')
-    assert isinstance(reply, tuple)
-    answer = json.loads(b"".join(reply))
-    assert answer.get("error", {}).get("code") == -32603, answer
-    assert seen == [("suspends", -32603)]
+@pytest.mark.parametrize("immediate", [True, False])
+def test_a_handler_of_the_wrong_kind_is_refused_when_the_dispatcher_is_made(
+    immediate: bool,
+) -> None:
+    """An immediate method's handler cannot wait (a plain function); any other is
+    awaited (a coroutine function). A mix-up is a defect, found before any request."""
+    handler = _ping_now if not immediate else _ping
+    with pytest.raises(TypeError, match="'odd' must be a"):
+        Dispatcher({"odd": Method(NoParams, handler, immediate=immediate)})

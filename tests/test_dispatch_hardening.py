@@ -37,6 +37,10 @@ async def _ping(params: NoParams) -> dict[str, bool]:
     return {"pong": True}
 
 
+def _ping_now(params: NoParams) -> dict[str, bool]:
+    return {"pong": True}
+
+
 async def _named(params: Named) -> str:
     return params.name
 
@@ -164,7 +168,7 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(
                 raise ValueError("a bug in decoding")
             return await super().answer_line(line)
 
-    server = Server(Failing({"ping": Method(NoParams, _ping, immediate=True)}))
+    server = Server(Failing({"ping": Method(NoParams, _ping_now, immediate=True)}))
     listener = listen_unix(short_dir / "f.sock")
     lines = [b'"fail"', b'{"jsonrpc":"2.0","id":2,"method":"ping"}']
     with structlog.testing.capture_logs() as logs:

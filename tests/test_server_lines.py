@@ -119,7 +119,11 @@ class _Recording(Dispatcher):
         return await super().answer_line(line)
 
 
-async def _big(params: NoParams) -> dict[str, str]:
+def _ping_now(params: NoParams) -> dict[str, bool]:
+    return {"pong": True}
+
+
+def _big_now(params: NoParams) -> dict[str, str]:
     return {"blob": "x" * BIG_BYTES}
 
 
@@ -148,8 +152,8 @@ async def test_a_reply_given_at_once_that_the_socket_does_not_take_whole_goes_ou
     """The rest of a reply answered from the callback is sent by the task, before it reads on."""
     dispatcher = _Recording(
         {
-            "big": Method(NoParams, _big, immediate=True),
-            "ping": Method(NoParams, _ping, immediate=True),
+            "big": Method(NoParams, _big_now, immediate=True),
+            "ping": Method(NoParams, _ping_now, immediate=True),
             "slow": Method(NoParams, _ping),
         }
     )
@@ -176,10 +180,10 @@ async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows
     note = b'{"jsonrpc":"2.0","method":"note"}'
     sending = anyio.create_task_group()
 
-    async def big_then_note(params: NoParams) -> dict[str, str]:
+    def big_then_note(params: NoParams) -> dict[str, str]:
         # Scheduled before the task is woken to send the rest of this reply.
         sending.start_soon(current_connection.get().send_line, note)
-        return await _big(params)
+        return _big_now(params)
 
     dispatcher = _Recording({"big": Method(NoParams, big_then_note, immediate=True)})
     server = Server(dispatcher)
@@ -209,7 +213,7 @@ async def test_a_request_arriving_while_another_is_handled_is_not_answered_first
         return {"waited": True}
 
     dispatcher = _Recording(
-        {"ping": Method(NoParams, _ping, immediate=True), "waits": Method(NoParams, waits)}
+        {"ping": Method(NoParams, _ping_now, immediate=True), "waits": Method(NoParams, waits)}
     )
     server = Server(dispatcher)
     async with anyio.create_task_group() as tg:
@@ -240,7 +244,7 @@ async def test_a_failure_while_answering_at_once_ends_only_that_connection(
                 return (12345,)  # type: ignore[return-value]  # not bytes: sending it fails
             return super().answer_now(line)
 
-    server = Server(Malformed({"ping": Method(NoParams, _ping, immediate=True)}))
+    server = Server(Malformed({"ping": Method(NoParams, _ping_now, immediate=True)}))
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, listen_unix(short_dir / "f.sock"))

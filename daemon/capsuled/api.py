@@ -1,13 +1,17 @@
-"""The methods the daemon serves, one coroutine each (SPEC §7).
+"""The methods the daemon serves, one handler each (SPEC §7).
 
 Each handler takes its decoded params Struct (``capsule_client.protocol``)
 and returns a result Struct, or raises :class:`~capsuled.errors.RpcError`.
-Blocking work never runs here: handlers hand it to worker threads.
+Blocking work never runs here: handlers hand it to worker threads. Most
+handlers are coroutines; the ones that never wait (``ping``, ``status``) are
+plain functions, which makes them immediate methods, answered from the
+connection's reader callback (:meth:`capsuled.jsonrpc.Dispatcher.answer_now`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -35,7 +39,7 @@ from capsule_client.protocol import (
 
 from . import __version__
 from .errors import InternalError
-from .jsonrpc import Encoded, Handler, Method
+from .jsonrpc import Encoded, Handler, ImmediateHandler, Method
 from .reconcile import reconcile
 from .server import Connection, current_connection
 
@@ -66,7 +70,7 @@ class Api:
 
     def methods(self) -> Mapping[str, Method]:
         """Method name → params type and handler, for the methods served now."""
-        handlers: dict[str, Handler] = {
+        handlers: dict[str, Handler | ImmediateHandler] = {
             "ping": self.ping,
             "status": self.status,
             "sessions.snapshot": self.sessions_snapshot,
@@ -75,18 +79,19 @@ class Api:
             "sessions.subscribe": self.sessions_subscribe,
             "sessions.unsubscribe": self.sessions_unsubscribe,
         }
-        immediate = {"ping", "status"}
         return {
-            name: Method(METHOD_PARAMS[name], handler, immediate=name in immediate)
+            name: Method(
+                METHOD_PARAMS[name], handler, immediate=not inspect.iscoroutinefunction(handler)
+            )
             for name, handler in handlers.items()
         }
 
-    async def ping(self, params: NoParams) -> PingResult:
-        """``ping`` → ``{"pong": true, "version": ...}``."""
+    def ping(self, params: NoParams) -> PingResult:
+        """``ping`` → ``{"pong": true, "version": ...}`` (immediate)."""
         return PingResult(pong=True, version=__version__)
 
-    async def status(self, params: NoParams) -> StatusResult:
-        """``status``: who the daemon is, what it watches, what it has done."""
+    def status(self, params: NoParams) -> StatusResult:
+        """``status``: who the daemon is, what it watches, what it has done (immediate)."""
         daemon = self.daemon
         return StatusResult(
             pid=os.getpid(),

@@ -31,6 +31,7 @@ itself instead of taking a library (SPEC §7 and LIBRARY-FACTS.md say why).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import time
@@ -65,6 +66,7 @@ __all__ = [
     "Dispatcher",
     "Encoded",
     "Handler",
+    "ImmediateHandler",
     "Later",
     "Method",
     "ReplyParts",
@@ -76,6 +78,8 @@ log = structlog.get_logger("capsuled.rpc")
 T = TypeVar("T")
 
 Handler = Callable[[Any], Awaitable[Any]]
+#: An immediate method's handler: a plain function, which cannot wait.
+ImmediateHandler = Callable[[Any], Any]
 
 _encoder: Final = msgspec.json.Encoder()
 _envelope: Final = msgspec.json.Decoder(Envelope)
@@ -147,13 +151,16 @@ _ENCODED: Final = (Raw, Encoded)
 class Method:
     """A method the daemon serves: its params type and its handler.
 
-    ``immediate``: the handler never awaits (and sets no context variable:
-    it runs in the connection's reader callback), so a request for it can be
-    answered on the spot by :meth:`Dispatcher.answer_now`.
+    ``immediate``: the handler is a plain function (an
+    :data:`ImmediateHandler`), not a coroutine function, so that it cannot
+    wait; a request for it can then be answered on the spot by
+    :meth:`Dispatcher.answer_now`, from the connection's reader callback (so
+    it must set no context variable either). Otherwise the handler is a
+    coroutine function (a :data:`Handler`).
     """
 
     params: type[Struct]
-    handler: Handler
+    handler: Handler | ImmediateHandler
     immediate: bool = False
 
 
@@ -197,6 +204,10 @@ class Dispatcher:
         methods: Mapping[str, Method],
         on_request: Callable[[str, int | None], None] | None = None,
     ) -> None:
+        for name, method in methods.items():
+            if method.immediate == inspect.iscoroutinefunction(method.handler):
+                kind = "a plain function" if method.immediate else "a coroutine function"
+                raise TypeError(f"the handler of {name!r} must be {kind}")
         self._methods = dict(methods)
         self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
         self._fields = {
@@ -233,9 +244,6 @@ class Dispatcher:
         callback for a readable socket, so that a ``ping`` costs no task
         switch (docs/benchmark-profiles.md).
 
-        An ``immediate`` method's handler that suspends all the same (a
-        defect: such a method must not be immediate) is failed where it
-        waits, and answered -32603.
         """
         parsed = self._parse(line)
         if isinstance(parsed, Envelope):
@@ -363,7 +371,9 @@ class Dispatcher:
             if self.shutting_down:
                 raise ShuttingDown("the daemon is shutting down")
             params = self._decode_params(name, envelope.params)
-            result = await method.handler(params)
+            result = method.handler(params)
+            if not method.immediate:
+                result = await result
             if is_notification:
                 return None
             try:
@@ -388,16 +398,20 @@ class Dispatcher:
             message = f"internal error in {name}: {type(exc).__name__}: {exc}"
             return None if is_notification else _error(id, INTERNAL_ERROR, message)
         finally:
-            if self._log_requests:
-                self._log.debug(
-                    "request",
-                    method=name,
-                    duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                    outcome="ok" if outcome is None else outcome,
-                    notification=is_notification,
-                )
-            if self._on_request is not None:
-                self._on_request(name, outcome)
+            self._done(name, outcome, started, is_notification)
+
+    def _done(self, name: str, outcome: int | None, started: float, notification: bool) -> None:
+        """Count a dispatched request (``outcome``: ``None`` or its error code) and log it."""
+        if self._log_requests:
+            self._log.debug(
+                "request",
+                method=name,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                outcome="ok" if outcome is None else outcome,
+                notification=notification,
+            )
+        if self._on_request is not None:
+            self._on_request(name, outcome)
 
     def _validate(self, envelope: Envelope) -> str:
         """The method name of a well-formed request; raises :class:`_Invalid` otherwise."""
@@ -476,25 +490,18 @@ class _Batch:
 
 
 def _run_now(call: Coroutine[Any, Any, T]) -> T:
-    """Run ``call`` to its end without an event loop.
-
-    A call that suspends anyway (an immediate method whose handler awaited
-    something) is failed where it waits, with a ``RuntimeError``: the
-    dispatcher answers, counts and logs it as the -32603 it is.
+    """Run ``call`` to its end without an event loop: a :meth:`Dispatcher._handle_one`
+    of an immediate method, which awaits nothing.
 
     Raises:
-        RuntimeError: the call suspended again after that.
+        RuntimeError: it suspended all the same (a defect).
     """
     try:
         call.send(None)
     except StopIteration as done:
         return cast(T, done.value)
-    try:
-        call.throw(RuntimeError("an immediate method's handler suspended"))
-    except StopIteration as done:
-        return cast(T, done.value)
     call.close()
-    raise RuntimeError("an immediate method's handler suspended twice")
+    raise RuntimeError("answering an immediate method suspended")
 
 
 def _not_a_request(text: bytes) -> bytes:
