@@ -42,16 +42,6 @@ async def test_a_line_larger_than_the_socket_buffer_arrives_whole_before_the_nex
     assert lines == [b'{"result":' + BIG + b"}", b'{"note":true}']
 
 
-async def test_a_peer_that_never_reads_is_dropped_after_the_write_timeout() -> None:
-    ours, theirs = socket.socketpair()
-    with theirs:
-        stream = await UNIXSocketStream.from_socket(ours)
-        async with stream:
-            connection = Connection(stream, 1, write_timeout_s=0.2)
-            with anyio.fail_after(5):
-                assert await connection.send_line(BIG) is False
-
-
 async def test_a_sender_waiting_to_drain_is_woken_when_the_connection_closes() -> None:
     ours, theirs = socket.socketpair()
     outcome: list[bool] = []
@@ -73,7 +63,7 @@ async def test_a_sender_waiting_to_drain_is_woken_when_the_connection_closes() -
     assert outcome == [False]
 
 
-async def test_after_a_line_is_cut_short_nothing_more_is_written() -> None:
+async def test_a_peer_that_never_reads_is_dropped_after_the_write_timeout() -> None:
     """The write timeout leaves the peer part of a line: another line would read as
     its end, so the connection refuses every later line."""
     ours, theirs = socket.socketpair()
