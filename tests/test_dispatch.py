@@ -204,8 +204,8 @@ def _boom_now(params: NoParams) -> None:
 
 
 IMMEDIATE = {
-    "ping": Method(NoParams, _ping_now, immediate=True),
-    "boom": Method(NoParams, _boom_now, immediate=True),
+    "ping": Method(NoParams, _ping_now),
+    "boom": Method(NoParams, _boom_now),
     "later": Method(NoParams, _ping),
 }
 
@@ -259,14 +259,3 @@ async def test_a_line_that_may_wait_is_left_for_later_untouched(line: bytes) -> 
     dispatcher = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen.append((m, o)))
     assert dispatcher.answer_now(line) is LATER
     assert seen == []  # nothing was run or counted
-
-
-@pytest.mark.parametrize("immediate", [True, False])
-def test_a_handler_of_the_wrong_kind_is_refused_when_the_dispatcher_is_made(
-    immediate: bool,
-) -> None:
-    """An immediate method's handler cannot wait (a plain function); any other is
-    awaited (a coroutine function). A mix-up is a defect, found before any request."""
-    handler = _ping_now if not immediate else _ping
-    with pytest.raises(TypeError, match="'odd' must be a"):
-        Dispatcher({"odd": Method(NoParams, handler, immediate=immediate)})

@@ -168,7 +168,7 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(
                 raise ValueError("a bug in decoding")
             return await super().answer_line(line)
 
-    server = Server(Failing({"ping": Method(NoParams, _ping_now, immediate=True)}))
+    server = Server(Failing({"ping": Method(NoParams, _ping_now)}))
     listener = listen_unix(short_dir / "f.sock")
     lines = [b'"fail"', b'{"jsonrpc":"2.0","id":2,"method":"ping"}']
     with structlog.testing.capture_logs() as logs:

@@ -152,8 +152,8 @@ async def test_a_reply_given_at_once_that_the_socket_does_not_take_whole_goes_ou
     """The rest of a reply answered from the callback is sent by the task, before it reads on."""
     dispatcher = _Recording(
         {
-            "big": Method(NoParams, _big_now, immediate=True),
-            "ping": Method(NoParams, _ping_now, immediate=True),
+            "big": Method(NoParams, _big_now),
+            "ping": Method(NoParams, _ping_now),
             "slow": Method(NoParams, _ping),
         }
     )
@@ -185,7 +185,7 @@ async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows
         sending.start_soon(current_connection.get().send_line, note)
         return _big_now(params)
 
-    dispatcher = _Recording({"big": Method(NoParams, big_then_note, immediate=True)})
+    dispatcher = _Recording({"big": Method(NoParams, big_then_note)})
     server = Server(dispatcher)
     async with sending, anyio.create_task_group() as tg:
         await tg.start(server.serve, listen_unix(short_dir / "n.sock"))
@@ -212,9 +212,7 @@ async def test_a_request_arriving_while_another_is_handled_is_not_answered_first
         await release.wait()
         return {"waited": True}
 
-    dispatcher = _Recording(
-        {"ping": Method(NoParams, _ping_now, immediate=True), "waits": Method(NoParams, waits)}
-    )
+    dispatcher = _Recording({"ping": Method(NoParams, _ping_now), "waits": Method(NoParams, waits)})
     server = Server(dispatcher)
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, listen_unix(short_dir / "w.sock"))
@@ -244,7 +242,7 @@ async def test_a_failure_while_answering_at_once_ends_only_that_connection(
                 return (12345,)  # type: ignore[return-value]  # not bytes: sending it fails
             return super().answer_now(line)
 
-    server = Server(Malformed({"ping": Method(NoParams, _ping_now, immediate=True)}))
+    server = Server(Malformed({"ping": Method(NoParams, _ping_now)}))
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, listen_unix(short_dir / "f.sock"))

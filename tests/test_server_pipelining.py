@@ -132,8 +132,8 @@ async def test_mixed_pipelined_requests_get_whole_replies_in_order(
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now, immediate=True),
-                "big_now": Method(NoParams, _big_now, immediate=True),
+                "ping": Method(NoParams, _ping_now),
+                "big_now": Method(NoParams, _big_now),
                 "big": Method(NoParams, _big),
                 "slow": Method(NoParams, _slow),
                 "subscribe": Method(NoParams, subscribe),
@@ -175,8 +175,8 @@ async def test_a_peer_gone_before_its_immediate_reply_costs_only_its_connection(
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now, immediate=True),
-                "big_now": Method(NoParams, _big_now, immediate=True),
+                "ping": Method(NoParams, _ping_now),
+                "big_now": Method(NoParams, _big_now),
             }
         )
     )
@@ -210,8 +210,8 @@ async def test_a_last_line_without_newline_after_a_half_close_follows_a_partial_
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now, immediate=True),
-                "big_now": Method(NoParams, _big_now, immediate=True),
+                "ping": Method(NoParams, _ping_now),
+                "big_now": Method(NoParams, _big_now),
             }
         )
     )

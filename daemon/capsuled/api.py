@@ -11,7 +11,6 @@ connection's reader callback (:meth:`capsuled.jsonrpc.Dispatcher.answer_now`).
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -79,12 +78,7 @@ class Api:
             "sessions.subscribe": self.sessions_subscribe,
             "sessions.unsubscribe": self.sessions_unsubscribe,
         }
-        return {
-            name: Method(
-                METHOD_PARAMS[name], handler, immediate=not inspect.iscoroutinefunction(handler)
-            )
-            for name, handler in handlers.items()
-        }
+        return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
 
     def ping(self, params: NoParams) -> PingResult:
         """``ping`` → ``{"pong": true, "version": ...}`` (immediate)."""

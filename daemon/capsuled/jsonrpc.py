@@ -36,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 import msgspec
@@ -151,17 +151,20 @@ _ENCODED: Final = (Raw, Encoded)
 class Method:
     """A method the daemon serves: its params type and its handler.
 
-    ``immediate``: the handler is a plain function (an
-    :data:`ImmediateHandler`), not a coroutine function, so that it cannot
-    wait; a request for it can then be answered on the spot by
+    The handler is a coroutine function (a :data:`Handler`), or a plain
+    function (an :data:`ImmediateHandler`), which cannot wait: the method is
+    then *immediate*, and a request for it can be answered on the spot by
     :meth:`Dispatcher.answer_now`, from the connection's reader callback (so
-    it must set no context variable either). Otherwise the handler is a
-    coroutine function (a :data:`Handler`).
+    its handler must set no context variable either).
     """
 
     params: type[Struct]
     handler: Handler | ImmediateHandler
-    immediate: bool = False
+    #: Derived from ``handler``: whether it is a plain function.
+    immediate: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "immediate", not inspect.iscoroutinefunction(self.handler))
 
 
 class Later:
@@ -204,10 +207,6 @@ class Dispatcher:
         methods: Mapping[str, Method],
         on_request: Callable[[str, int | None], None] | None = None,
     ) -> None:
-        for name, method in methods.items():
-            if method.immediate == inspect.iscoroutinefunction(method.handler):
-                kind = "a plain function" if method.immediate else "a coroutine function"
-                raise TypeError(f"the handler of {name!r} must be {kind}")
         self._methods = dict(methods)
         self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
         self._fields = {
