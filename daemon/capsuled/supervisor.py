@@ -49,6 +49,7 @@ _LASTING: Final = {
     "serving on, and locking it again once it is free",
     "foreign": "something else is at the socket's path; this daemon cannot be reached "
     "through it and leaves it alone",
+    "failed": "could not mend the socket; serving the one held",
 }
 
 
@@ -206,11 +207,13 @@ class Daemon:
         lasting: set[str] = set()  # what the last check found, warned about already
         while True:
             await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
+            details: dict[str, str] = {}
             try:
-                done = await anyio.to_thread.run_sync(service.mend_listening, listening)
-                failure = None
+                done: list[str] = list(
+                    await anyio.to_thread.run_sync(service.mend_listening, listening)
+                )
             except service.ServiceError as exc:
-                done, failure = [], str(exc)
+                done, details = ["failed"], {"error": str(exc)}
             if "taken" in done:
                 log.error(
                     "the lock file was removed and another daemon has locked it; stopping",
@@ -228,13 +231,13 @@ class Daemon:
                 log.warning(
                     "the socket file was removed; bound it again", socket=str(listening.path)
                 )
-            found = {key for key in _LASTING if key in done} | ({failure} if failure else set())
+            found = _LASTING.keys() & done
             for key in sorted(found - lasting):
                 log.warning(
-                    _LASTING.get(key, "could not mend the socket; serving the one held"),
+                    _LASTING[key],
                     socket=str(listening.path),
                     lock=str(listening.lock.path),
-                    **({} if key in _LASTING else {"error": key}),
+                    **details,
                 )
             lasting = found
 
