@@ -185,26 +185,32 @@ class Connection:
         if isinstance(reply, Later):
             return False
         if reply is not None:
-            pending = _pending(reply)
-            raw = self._raw_socket
-            try:
-                if len(pending) == 1:
-                    sent = raw.send(pending[0])
-                    if sent == len(pending[0]):
-                        return True  # the usual reply: all of it sent
-                else:
-                    sent = raw.sendmsg(pending)
-                pending = _advance(pending, sent)
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
-                self._cut_short = True
+            rest = self._send_now(_pending(reply))
+            if rest is None:
                 self.scope.cancel()  # the peer is gone: the connection ends
-                return True
-            if pending:
-                self._unsent = pending
+            elif rest:
+                self._unsent = rest
                 self.lines.interrupt()
         return True
+
+    def _send_now(self, pending: list[memoryview]) -> list[memoryview] | None:
+        """Offer ``pending`` to the socket once, without waiting: what it did not
+        take (``[]``: all of it), or ``None`` if the socket failed (the line is
+        cut short)."""
+        raw = self._raw_socket
+        try:
+            if len(pending) == 1:
+                sent = raw.send(pending[0])
+                if sent == len(pending[0]):
+                    return []  # the usual line: all of it sent
+            else:
+                sent = raw.sendmsg(pending)
+            return _advance(pending, sent)
+        except (BlockingIOError, InterruptedError):
+            return pending
+        except OSError:
+            self._cut_short = True
+            return None
 
     async def send_unsent(self) -> bool:
         """Send what the socket did not take of a reply given at once (see
@@ -275,29 +281,24 @@ class Connection:
         """
         if self._cut_short:
             return False
-        raw = self._raw_socket
         pending = _pending(parts)
         if self._send_lock.locked() or self._unsent is not None:
             await self._send_lock.acquire()
             if self._unsent is not None:  # a reply answered at once goes first
                 pending, self._unsent = [*self._unsent, *pending], None
         else:
-            try:
-                sent = raw.send(pending[0]) if len(pending) == 1 else raw.sendmsg(pending)
-                pending = _advance(pending, sent)
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
-                self._cut_short = True
+            rest = self._send_now(pending)
+            if rest is None:
                 return False
-            if not pending:
+            if not rest:
                 return True
+            pending = rest
             # Taken before any await: nothing can write between the two halves.
             self._send_lock.acquire_nowait()
         try:
             if self._cut_short:  # by the sender that held the lock before
                 return False
-            return await self._send_rest(raw, pending)
+            return await self._send_rest(self._raw_socket, pending)
         finally:
             self._send_lock.release()
 
