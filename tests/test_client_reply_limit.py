@@ -1,5 +1,5 @@
-"""Both clients draw the line at ``max_reply_bytes`` in the same place, however the
-reply is split into receives."""
+"""How the clients read replies: both draw the line at ``max_reply_bytes`` in the same
+place, however the reply is split into receives, and a long reply arrives whole."""
 
 from __future__ import annotations
 
@@ -127,10 +127,28 @@ def test_a_reply_one_byte_past_the_limit_is_refused_even_when_it_arrives_whole(
 
 
 @pytest.mark.parametrize("client", CLIENTS.values(), ids=CLIENTS.keys())
+@pytest.mark.parametrize("line_end", [b"\n", b""], ids=["line-end", "no-line-end"])
 def test_a_reply_far_past_the_limit_is_refused_even_when_it_arrives_whole(
-    short_dir: Path, client: Callable[[Path], bytes]
+    short_dir: Path, client: Callable[[Path], bytes], line_end: bytes
 ) -> None:
-    with _peer(short_dir / "p.sock", [_reply_of(LIMIT * 10) + b"\n"]) as closed:
+    """Without a line end too: a protocol error at once, not a timeout."""
+    with _peer(short_dir / "p.sock", [_reply_of(LIMIT * 10) + line_end]) as closed:
         with pytest.raises(ProtocolError, match=f"more than {LIMIT} bytes"):
             client(short_dir / "p.sock")
         assert closed.wait(DEADLINE_S)
+
+
+def test_a_reply_of_megabytes_and_the_one_behind_it_arrive_whole(short_dir: Path) -> None:
+    """A reply spread over many receives is read whole (each byte searched once for the
+    line end); what came behind it answers the next call."""
+    big = "é" * 1_000_000  # 2 MB of UTF-8, 32 receives of 64 KiB
+    first = msgspec.json.encode({"jsonrpc": "2.0", "id": 1, "result": big}) + b"\n"
+    second = msgspec.json.encode(
+        {"jsonrpc": "2.0", "id": 2, "result": {"pong": True, "version": "x"}}
+    )
+    with (
+        _peer(short_dir / "m.sock", [first + second + b"\n"]),
+        Client(short_dir / "m.sock", timeout_s=DEADLINE_S) as client,
+    ):
+        assert msgspec.json.decode(client.call_raw("ping")) == big
+        assert client.ping().pong is True  # already received, answered from the buffer
