@@ -1,4 +1,4 @@
-"""The watcher feed, with real files and real watchfiles (SPEC §5 ``pending``, §8)."""
+"""The watcher feed, with real files and the real inotify watch and poller (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -85,19 +85,9 @@ def home(tmp_path: Path) -> Path:
     return make_home(tmp_path / "home")
 
 
-def watcher_for(
-    home: Path, feed: ChangeFeed, mode: str = "native", home_check_interval_s: float = 60.0
-) -> HomeWatcher:
-    # A short poll interval keeps the polling tests fast; the home's identity
-    # is checked rarely unless a test is about that check, so that the events
-    # themselves are what is tested.
-    return HomeWatcher(
-        home,
-        feed,
-        mode=mode,  # type: ignore[arg-type]
-        poll_delay_ms=50,
-        home_check_interval_s=home_check_interval_s,
-    )
+def watcher_for(home: Path, feed: ChangeFeed, mode: str = "native") -> HomeWatcher:
+    # A short poll interval keeps the polling tests fast.
+    return HomeWatcher(home, feed, mode=mode, poll_interval_s=0.05)  # type: ignore[arg-type]
 
 
 MODES = pytest.mark.parametrize("mode", ["native", "polling"])
@@ -138,7 +128,7 @@ MODES = pytest.mark.parametrize("mode", ["native", "polling"])
     ],
 )
 def test_reader_cares_only_about_receipt_places(relative: str, cares: bool) -> None:
-    assert reader_cares(PurePath(relative)) is cares
+    assert reader_cares(PurePath(relative).parts) is cares
 
 
 @MODES
@@ -263,14 +253,14 @@ async def test_home_renamed_away_and_replaced_is_watched_again(home: Path) -> No
 
 
 @MODES
-async def test_home_replaced_without_an_event_is_caught_by_the_identity_check(
+async def test_home_replaced_by_a_rename_over_it_restarts_the_watch(
     tmp_path: Path, mode: str
 ) -> None:
     home = tmp_path / "home"
     home.mkdir()
     feed = ChangeFeed()
     seen = Seen(feed)
-    watcher = watcher_for(home, feed, mode, home_check_interval_s=0.05)
+    watcher = watcher_for(home, feed, mode)
     async with running(watcher):
         seen.reset()
         # Renamed over the (empty) home: polling reports only the new entries.
@@ -284,61 +274,30 @@ async def test_home_replaced_without_an_event_is_caught_by_the_identity_check(
 
 
 @MODES
-async def test_a_failing_watch_is_restarted_with_a_rescan(home: Path, mode: str) -> None:
-    # watchfiles cannot hand over a name that is not UTF-8: the watch fails
-    # ("Unable to decode path") and keeps failing, wherever the name is.
+async def test_a_name_that_is_not_utf8_is_fed_and_the_watch_lives_on(home: Path, mode: str) -> None:
+    """A run directory and a receipt named in bytes that are not UTF-8: fed like
+    any other name (the reader reports them), and later writes are still seen."""
     feed = ChangeFeed()
     seen = Seen(feed)
     watcher = watcher_for(home, feed, mode)
     async with running(watcher):
         seen.reset()
-        bad = os.fsencode(home / "sessions" / "ses_1") + b"/trace\xff.jsonl"
+        bad_run = os.fsencode(home / "runs") + b"/run_\xfe"
+        os.mkdir(bad_run, 0o700)
+        bad = os.fsencode(home / "runtime" / "exec-processes") + b"/e\xff.json"
         os.close(os.open(bad, os.O_WRONLY | os.O_CREAT, 0o600))
-        await eventually(seen, lambda: watcher.starts == 2, "the watch restarted")
-        assert seen.rescans >= 1
+        os.listdir(bad_run)  # reads of it are not events
+        await eventually(
+            seen,
+            lambda: {Path(os.fsdecode(bad)), Path(os.fsdecode(bad_run))} <= seen.paths,
+            "the names that are not UTF-8",
+        )
         receipt = home / "runtime" / "exec-processes" / "after.json"
         write_atomically(receipt)
-        await eventually(seen, lambda: receipt in seen.paths, "a write after the restart")
+        await eventually(seen, lambda: receipt in seen.paths, "a write after them")
+    assert watcher.starts == 1
     assert watcher.mode == mode
-
-
-async def test_a_native_watch_that_keeps_failing_falls_back_to_polling(home: Path) -> None:
-    """A run directory named in bytes that are not UTF-8, read again and again as
-    the reader's walks read it: each read fails the native watch (docs/watcher.md)."""
-    feed = ChangeFeed()
-    seen = Seen(feed)
-    watcher = watcher_for(home, feed, "native")
-    bad = os.fsencode(home / "runs") + b"/run_\xfe"
-    stop_reading = anyio.Event()
-
-    async def read_like_the_walks() -> None:
-        while not stop_reading.is_set():
-            os.listdir(bad)
-            with anyio.move_on_after(0.05):
-                await stop_reading.wait()
-
-    async with running(watcher), anyio.create_task_group() as tg:
-        os.mkdir(bad, 0o700)
-        tg.start_soon(read_like_the_walks)
-        await eventually(seen, lambda: watcher.mode == "polling", "the fall back to polling")
-        stop_reading.set()
-        # A write racing the poller's first walk is covered by the rescan every
-        # restart owes, not by an event: write until one is reported.
-        written: list[Path] = []
-        last_write = 0.0
-
-        def write_and_check() -> bool:
-            nonlocal last_write
-            if any(path in seen.paths for path in written):
-                return True
-            if time.monotonic() - last_write >= 0.3:
-                written.append(home / "runtime" / "exec-processes" / f"after{len(written)}.json")
-                write_atomically(written[-1])
-                last_write = time.monotonic()
-            return False
-
-        await eventually(seen, write_and_check, "a write reported while polling")
-    assert watcher.mode == "polling"
+    assert seen.rescans == 0
 
 
 async def test_missing_home_is_waited_for(tmp_path: Path) -> None:
@@ -371,7 +330,7 @@ async def test_paths_are_fed_under_the_home_as_configured(tmp_path: Path) -> Non
 async def test_forced_polling_reports_polling(home: Path) -> None:
     feed = ChangeFeed()
     seen = Seen(feed)
-    watcher = HomeWatcher(home, feed, mode="polling", poll_delay_ms=100)
+    watcher = HomeWatcher(home, feed, mode="polling", poll_interval_s=0.1)
     async with running(watcher):
         assert watcher.mode == "polling"
         receipt = home / "runs" / "run_1" / "inp_a" / "provider-clients" / "c.json"
@@ -380,31 +339,22 @@ async def test_forced_polling_reports_polling(home: Path) -> None:
     assert watcher.mode == "polling"
 
 
-async def test_off_watches_nothing_and_owes_rescans(home: Path) -> None:
+async def test_off_watches_nothing(home: Path) -> None:
     feed = ChangeFeed()
     seen = Seen(feed)
-    watcher = HomeWatcher(home, feed, mode="off", off_rescan_interval_s=0.01)
+    watcher = HomeWatcher(home, feed, mode="off")
     async with running(watcher):
         write_atomically(home / "runtime" / "exec-processes" / "e.json")
-        await eventually(seen, lambda: seen.rescans >= 3, "rescans owed again and again")
+        await watcher.sync()  # nothing to wait for: returns at once
+        seen.take()
+        assert watcher.status.backend == "none"
     assert watcher.mode == "off"
     assert watcher.starts == 0
     assert not seen.paths
 
 
-@MODES
-async def test_a_rescan_is_owed_periodically_while_nothing_changes(home: Path, mode: str) -> None:
-    feed = ChangeFeed()
-    seen = Seen(feed)
-    watcher = HomeWatcher(home, feed, mode=mode, rescan_interval_s=0.02)  # type: ignore[arg-type]
-    async with running(watcher):
-        seen.reset()
-        await eventually(seen, lambda: seen.rescans >= 3, "periodic rescans")
-    assert watcher.starts == 1
-    assert not seen.paths
-
-
-async def test_no_periodic_rescan_unless_asked(home: Path) -> None:
+async def test_no_periodic_rescan(home: Path) -> None:
+    """Only a lost watch owes a walk: writes, however many, never do."""
     feed = ChangeFeed()
     seen = Seen(feed)
     async with running(watcher_for(home, feed)):
@@ -456,7 +406,7 @@ from capsuled.watcher import HomeWatcher
 
 async def main(home: Path) -> None:
     feed = ChangeFeed()
-    watcher = HomeWatcher(home, feed, poll_delay_ms=50)
+    watcher = HomeWatcher(home, feed, poll_interval_s=0.05)
     seen = False
     async with anyio.create_task_group() as tg:
         await tg.start(watcher.serve)
@@ -466,8 +416,9 @@ async def main(home: Path) -> None:
         while not seen and time.monotonic() < deadline:
             seen = receipt in feed.drain().paths
             await anyio.sleep(0.01)
+        status = watcher.status
         tg.cancel_scope.cancel()
-    print(json.dumps({"mode": watcher.mode, "seen": seen}))
+    print(json.dumps({"mode": watcher.mode, "seen": seen, "polled": status.polled_directories > 0}))
 
 anyio.run(main, Path(sys.argv[1]))
 """
@@ -477,14 +428,26 @@ anyio.run(main, Path(sys.argv[1]))
     not user_namespaces_work(), reason="needs Linux user namespaces (unshare --user)"
 )
 @pytest.mark.parametrize(
-    ("limit", "value"),
+    ("limit", "value", "outcome", "logged"),
     [
-        ("max_inotify_watches", 2),  # the watch limit: OSError at start
-        ("max_inotify_instances", 0),  # no inotify instance: WatchfilesRustInternalError
+        # The watch limit: the home and runs are watched, the rest is polled.
+        (
+            "max_inotify_watches",
+            2,
+            {"mode": "native", "seen": True, "polled": True},
+            "cannot watch a directory; polling it instead",
+        ),
+        # No inotify instance at all: the whole home is polled.
+        (
+            "max_inotify_instances",
+            0,
+            {"mode": "polling", "seen": True, "polled": True},
+            "falling back to polling",
+        ),
     ],
 )
-def test_native_watch_that_cannot_start_falls_back_to_polling(
-    home: Path, tmp_path: Path, limit: str, value: int
+def test_a_native_watch_at_its_limits_polls_what_it_cannot_watch(
+    home: Path, tmp_path: Path, limit: str, value: int, outcome: dict[str, object], logged: str
 ) -> None:
     script = tmp_path / "fallback.py"
     script.write_text(FALLBACK_SCRIPT)
@@ -496,9 +459,8 @@ def test_native_watch_that_cannot_start_falls_back_to_polling(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    assert outcome == {"mode": "polling", "seen": True}
-    assert "falling back to polling" in done.stdout + done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == outcome
+    assert logged in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

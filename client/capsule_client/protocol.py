@@ -69,6 +69,8 @@ __all__ = [
     "SuccessResponse",
     "UnsubscribeParams",
     "UnsubscribeResult",
+    "VerificationStatus",
+    "WatchStatus",
     "WatcherMode",
 ]
 
@@ -393,6 +395,50 @@ class StatusTotals(Struct):
     requests: int = 0
     errors: int = 0
     subscriptions_dropped: int = 0
+    verifications: int = 0
+    verification_changes: int = 0
+
+
+class WatchStatus(Struct):
+    """What the watch does now (``status.watch``).
+
+    Attributes:
+        mode: ``native``, ``polling`` or ``off``.
+        backend: ``inotify`` (Linux), ``watchfiles`` (elsewhere), ``lstat``
+            (the daemon's own poller) or ``none`` (nothing runs).
+        watched_directories: directories with a native watch now.
+        polled_directories: directories polled now: all of them while
+            polling, the ones a native watch could not watch otherwise.
+        overflows: kernel queue overflows since start (each owed a walk).
+        starts: watches started since start (each restart adds one).
+    """
+
+    mode: WatcherMode
+    backend: str
+    watched_directories: int = 0
+    polled_directories: int = 0
+    overflows: int = 0
+    starts: int = 0
+
+
+class VerificationStatus(Struct):
+    """The net under the watch (``status.verification``).
+
+    Attributes:
+        interval_s: seconds between two verification runs (``--verify-interval``).
+        runs: verification runs since start.
+        changes_found: changes the watch had not reported, found by them, in total.
+        last_at: when the last run finished, Unix seconds; None before the first.
+        last_changes: changes the last run found.
+        last_checked: directories and candidates the last run compared.
+    """
+
+    interval_s: float
+    runs: int = 0
+    changes_found: int = 0
+    last_at: float | None = None
+    last_changes: int = 0
+    last_checked: int = 0
 
 
 class StatusResult(Struct):
@@ -419,6 +465,8 @@ class StatusResult(Struct):
         pidfds: exit descriptors held now.
         long_polls: ``sessions.snapshot`` requests with ``since`` waiting
             for a change now.
+        watch: the watch's backend, watched and polled directories, overflows.
+        verification: the verification runs and what they found.
     """
 
     pid: int
@@ -438,6 +486,8 @@ class StatusResult(Struct):
     exit_watch: ExitWatchMode = "sampling"
     pidfds: int = 0
     long_polls: int = 0
+    watch: WatchStatus | None = None
+    verification: VerificationStatus | None = None
 
 
 class SubscribeResult(Struct):

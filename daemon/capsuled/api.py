@@ -105,6 +105,8 @@ class Api:
             exit_watch=daemon.sessions.exits.mode,
             pidfds=daemon.sessions.exits.held,
             long_polls=daemon.sessions.long_polls,
+            watch=daemon.watcher.status,
+            verification=daemon.sessions.verification,
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -37,7 +37,10 @@ class Config:
         home: the home directory (SPEC §2), absolute.
         socket: the Unix socket path, absolute.
         sample_interval_s: seconds between two observations of the sampler.
-        rescan_interval_s: seconds between two periodic full rescans.
+        verify_interval_s: seconds between two verification runs (the net
+            under the watch, docs/design.md §5).
+        poll_interval_s: seconds between two poll passes while polling, and
+            between two retries of a directory the native watch could not watch.
         log_format: ``json``, ``console``, or ``auto`` (console on a TTY
             that is not the journal, JSON otherwise).
         log_level: lowest level logged, lower case.
@@ -54,7 +57,8 @@ class Config:
     home: Path
     socket: Path
     sample_interval_s: float = 1.0
-    rescan_interval_s: float = 300.0
+    verify_interval_s: float = 30.0
+    poll_interval_s: float = 0.5
     log_format: LogFormat = "auto"
     log_level: str = "info"
     max_connections: int = 1024
@@ -69,7 +73,8 @@ _ENV = {
     "home": "CAPSULE_HOME",
     "socket": "CAPSULED_SOCKET",
     "sample_interval": "CAPSULED_SAMPLE_INTERVAL",
-    "rescan_interval": "CAPSULED_RESCAN_INTERVAL",
+    "verify_interval": "CAPSULED_VERIFY_INTERVAL",
+    "poll_interval": "CAPSULED_POLL_INTERVAL",
     "log_format": "CAPSULED_LOG_FORMAT",
     "log_level": "CAPSULED_LOG_LEVEL",
     "max_connections": "CAPSULED_MAX_CONNECTIONS",
@@ -97,6 +102,17 @@ def _positive_int(name: str, text: str) -> int:
     if value < 1:
         raise ConfigError(f"{name} must be at least 1, not {text!r}")
     return value
+
+
+#: (option, Config field, conversion) for the numeric options.
+_NUMBERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
+    ("sample_interval", "sample_interval_s", _positive_float),
+    ("verify_interval", "verify_interval_s", _positive_float),
+    ("poll_interval", "poll_interval_s", _positive_float),
+    ("write_timeout", "write_timeout_s", _positive_float),
+    ("max_connections", "max_connections", _positive_int),
+    ("max_pidfds", "max_pidfds", _positive_int),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,13 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--sample-interval",
         "sample_interval",
-        "seconds between two observations (default: 1)",
+        "seconds between two observations where changes cannot all be events: no watch, "
+        "process exits past the pidfd limit or without pidfds (default: 1)",
         metavar="S",
     )
     add(
-        "--rescan-interval",
-        "rescan_interval",
-        "seconds between two full rescans of the home (default: 300)",
+        "--verify-interval",
+        "verify_interval",
+        "seconds between two verification runs, which compare every receipt directory and "
+        "live receipt with what was last seen and re-read what the watch missed (default: 30)",
+        metavar="S",
+    )
+    add(
+        "--poll-interval",
+        "poll_interval",
+        "seconds between two passes of the polling watch, and between two retries of a "
+        "directory the native watch could not watch (default: 0.5)",
         metavar="S",
     )
     add(
@@ -171,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--watch",
         "watch",
-        "how to watch the home for changes: native (inotify, FSEvents; falls back to polling "
-        "when it cannot start), polling, or off (no watch: a full rescan every sample interval) "
-        "(default: native)",
+        "how to watch the home for changes: native (inotify on Linux, FSEvents on macOS; falls "
+        "back to polling when it cannot start), polling (an lstat walk every poll interval), "
+        "or off (no watch: every observation walks the home) (default: native)",
         metavar="MODE",
     )
     add(
@@ -225,16 +250,9 @@ def parse_args(
 
     config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
     overrides: dict[str, object] = {"watch": watch}
-    if (text := pick("sample_interval")) is not None:
-        overrides["sample_interval_s"] = _positive_float("sample interval", text)
-    if (text := pick("rescan_interval")) is not None:
-        overrides["rescan_interval_s"] = _positive_float("rescan interval", text)
-    if (text := pick("write_timeout")) is not None:
-        overrides["write_timeout_s"] = _positive_float("write timeout", text)
-    if (text := pick("max_connections")) is not None:
-        overrides["max_connections"] = _positive_int("max connections", text)
-    if (text := pick("max_pidfds")) is not None:
-        overrides["max_pidfds"] = _positive_int("max pidfds", text)
+    for key, field, convert in _NUMBERS:
+        if (text := pick(key)) is not None:
+            overrides[field] = convert(key.replace("_", " "), text)
     if len(os.fsencode(socket)) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
             f"socket path {socket} is longer than the {MAX_SOCKET_PATH_BYTES} bytes "

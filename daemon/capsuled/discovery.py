@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -74,6 +74,7 @@ from capsule_client.protocol import (
     SessionProcess,
     SnapshotParams,
     StatusTotals,
+    VerificationStatus,
     WatcherMode,
 )
 
@@ -156,9 +157,9 @@ def _encode(
     return _Encoded(answer, task, parts)
 
 
-def _observe(reader: ActiveSessionReader) -> Observation:
+def _observe(reader: ActiveSessionReader, verify_barrier_ns: int | None) -> Observation:
     """One observation; after a walk from scratch, the freed heap goes back to the OS."""
-    observation = reader.observe()
+    observation = reader.observe(verify_barrier_ns=verify_barrier_ns)
     if observation.snapshot.cost.rescans:
         heap.trim()  # the walk's garbage
     return observation
@@ -225,6 +226,11 @@ class Discovery:
         max_pidfds: exit descriptors held at most (``capsuled.exits``).
         exit_events: False leaves exits to sampling; None uses pidfds where
             the system has them.
+        sync: the watch's read-your-writes barrier (``HomeWatcher.sync``):
+            awaited before an observation for ``max_age_ms: 0`` and before
+            each verification; none when omitted.
+        verify_interval_s: seconds between two verification runs (``None``:
+            never), while a watcher feeds the reader.
     """
 
     def __init__(
@@ -237,8 +243,16 @@ class Discovery:
         watcher_mode: Callable[[], WatcherMode] = lambda: "off",
         max_pidfds: int = DEFAULT_MAX_PIDFDS,
         exit_events: bool | None = None,
+        sync: Callable[[], Awaitable[None]] | None = None,
+        verify_interval_s: float | None = 30.0,
     ) -> None:
         self.sample_interval_s = sample_interval_s
+        self._sync = sync
+        self.verification = VerificationStatus(
+            interval_s=math.inf if verify_interval_s is None else verify_interval_s
+        )
+        self._verify_interval_s = verify_interval_s
+        self._verify_barrier_ns: int | None = None  # owed to the next observation
         self.totals = StatusTotals() if totals is None else totals
         self.changes = ChangeFeed() if changes is None else changes
         self._watcher_mode = watcher_mode
@@ -373,6 +387,8 @@ class Discovery:
         self._cancel.set()
 
     async def _sample_forever(self) -> None:
+        interval_s = math.inf if self._verify_interval_s is None else self._verify_interval_s
+        next_verify = time.monotonic() + interval_s
         while True:
             try:
                 await self._settle(time.monotonic() + self.sample_interval_s)
@@ -382,11 +398,49 @@ class Discovery:
                 await anyio.sleep_forever()  # stopped: wait to be cancelled
             self.first_observation.set()
             # A wake after the latest observation began (it drains the feed and
-            # samples after it starts) owes another one now; else wait for one.
+            # samples after it starts) owes another one now; else wait for one,
+            # or for the next sample where exits are not all events.
             if self._wakes == self._served:
                 wake = self._wake = anyio.Event()
-                with anyio.move_on_after(self.sample_interval_s):
+                wait_s = next_verify - time.monotonic()
+                if self.needs_sampling:
+                    wait_s = min(wait_s, self.sample_interval_s)
+                with anyio.move_on_after(max(wait_s, 0.0)):
                     await wake.wait()
+            if time.monotonic() >= next_verify:
+                next_verify = time.monotonic() + interval_s
+                if self.watcher_mode != "off":  # without a watch every observation walks
+                    await self._verify()
+
+    @property
+    def needs_sampling(self) -> bool:
+        """Whether the sampler must observe every ``sample_interval_s``.
+
+        Only when something can change unannounced: no watch, exits that are
+        not pidfd events (no pidfd here, past ``--max-pidfds``), or an answer
+        that is not ``ready`` (a locked store says nothing when it is freed).
+        Otherwise the daemon sleeps until a watch event or an exit.
+        """
+        latest = self._latest
+        return (
+            self.watcher_mode == "off"
+            or self.exits.mode == "sampling"
+            or self.exits.unwatched > 0
+            or latest is None
+            or latest.discovery != "ready"
+        )
+
+    async def _verify(self) -> None:
+        """One verification run: a barrier through the watch, then an observation that verifies."""
+        barrier_ns = time.time_ns()
+        if self._sync is not None:
+            await self._sync()
+        self._verify_barrier_ns = barrier_ns
+        wanted = _Wanted(self._flights, time.monotonic(), 0.0)
+        try:
+            await self._settle(time.monotonic() + self.sample_interval_s, wanted)
+        except InternalError:
+            pass  # logged with its traceback where it happened
 
     async def observe(
         self, wanted: _Wanted | None = None, *, deadline: float = math.inf
@@ -433,7 +487,10 @@ class Discovery:
             if not reader.trust_watcher:
                 self.changes.request_rescan()
             self._served = self._wakes
-            observation = await anyio.to_thread.run_sync(_observe, reader)
+            barrier_ns, self._verify_barrier_ns = self._verify_barrier_ns, None
+            if not reader.trust_watcher:
+                barrier_ns = None  # it walks from scratch
+            observation = await anyio.to_thread.run_sync(_observe, reader, barrier_ns)
             self._count(observation)
             if observation.home_replaced and reader is self._reader:
                 self._restart_reader(observation)
@@ -453,6 +510,25 @@ class Discovery:
     def _count(self, observation: Observation) -> None:
         self.totals.observations += 1
         self.totals.rescans += observation.snapshot.cost.rescans
+        verified = observation.verified
+        if verified is None:
+            return
+        found = len(verified.missed)
+        self.totals.verifications += 1
+        self.totals.verification_changes += found
+        status = self.verification
+        status.runs += 1
+        status.changes_found += found
+        status.last_at = time.time()
+        status.last_changes = found
+        status.last_checked = verified.checked
+        if found:
+            log.warning(
+                "verification found changes the watch did not report",
+                changes=found,
+                paths=verified.missed[:10],
+                watcher=self.watcher_mode,
+            )
 
     def _new_reader(self) -> ActiveSessionReader:
         return ActiveSessionReader(
@@ -581,6 +657,12 @@ class Discovery:
         arrived_at = time.monotonic()
         deadline = arrived_at + params.timeout_ms / 1000
         max_age_s = self._max_age_s(params)
+        if max_age_s == 0 and self._sync is not None:
+            # Read-your-writes: once the barrier passed, every change made
+            # before the request is fed; only an observation begun after it serves.
+            with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
+                await self._sync()
+            arrived_at = time.monotonic()
         answer = self._fresh(max_age_s)
         if answer is None:
             wanted = _Wanted(self._flights, arrived_at, max_age_s)
@@ -654,6 +736,10 @@ class Discovery:
                 assert self._latest is not None
                 answer = self._latest
         return answer
+
+    async def next_answer(self) -> None:
+        """Return once an answer with a new generation is published."""
+        await self._published.wait()
 
     @property
     def long_polls(self) -> int:

@@ -79,6 +79,8 @@ from capsule_client.receipts import (
 )
 from capsuled.changes import ChangeFeed
 from capsuled.home import home_refusal
+from capsuled.layout import walked
+from capsuled.listings import RACY_MARGIN_NS, Listings
 from capsuled.processes import ProcessSample, matches_start, sample_processes
 from capsuled.store import Ownership, OwnershipReader, StoreUnavailable, StoreVersion
 
@@ -95,6 +97,7 @@ __all__ = [
     "Generations",
     "Observation",
     "ObservationCancelled",
+    "Verified",
     "run_base",
 ]
 
@@ -176,13 +179,7 @@ def _receipt_kind(parts: _Parts) -> _Kind | None:
     return None
 
 
-def _walked(parts: _Parts) -> bool:
-    """Whether a directory at ``parts`` is listed by a walk: runs/<run>/<input>/provider-clients."""
-    if parts == _EXEC_PARTS:
-        return True
-    if not parts or parts[0] != _RUNS:
-        return False
-    return len(parts) <= 3 or (len(parts) == 4 and parts[3] == _PROVIDER_CLIENTS)
+_walked = walked
 
 
 def _action(parts: _Parts | None) -> _Action:
@@ -397,6 +394,20 @@ class Observation:
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
     watched: Mapping[int, float] | None = None
+    verified: Verified | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What a verification found (docs/design.md §5 "Verification").
+
+    Attributes:
+        checked: directories and candidates (and errored receipts) compared.
+        missed: paths whose change the watch had not reported, sorted.
+    """
+
+    checked: int
+    missed: list[str]
 
 
 def run_base() -> int:
@@ -565,6 +576,7 @@ class ActiveSessionReader:
         self._servers: list[ServerRegistryEntry] = []
         self._servers_signature: _Signature | None = None
         self._pending: set[str] = set()
+        self._listings = Listings()
         self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
         self._rescan = True
         self._cost = DiscoveryCost()
@@ -587,6 +599,8 @@ class ActiveSessionReader:
         self._contexts_changed = False
         self._mutations = 0  # changes to candidates and errors, for the step 4 check
         self._answer: _Answer | None = None
+        self._verify_barrier_ns: int | None = None
+        self._verified: Verified | None = None
 
     # ----------------------------------------------------------------------
     # Public surface
@@ -595,11 +609,18 @@ class ActiveSessionReader:
         """Owe a full rescan: the next observation walks from scratch (``reader.rescan``)."""
         self.changes.request_rescan()
 
-    def observe(self, task: str | None = None) -> Observation:
+    def observe(
+        self, task: str | None = None, *, verify_barrier_ns: int | None = None
+    ) -> Observation:
         """Run one observation (SPEC §5 steps 1-5). Blocking: call it from a worker thread.
 
         Args:
             task: echoed in the snapshot.
+            verify_barrier_ns: verify too (unless this observation walks from
+                scratch): compare every listed directory and every candidate
+                with what was last seen and re-read what differs. A difference
+                older than this moment (Unix ns; every change before it was
+                fed by the watch) counts as one the watch missed.
 
         Returns:
             The observation; ``snapshot.discovery`` is ``ready``, ``scanning``
@@ -624,6 +645,8 @@ class ActiveSessionReader:
         )
         home_replaced = False
         watched: dict[int, float] | None = None
+        self._verify_barrier_ns = verify_barrier_ns
+        self._verified = None
         try:
             watched = self._observe_into(snapshot)
         except ObservationCancelled:
@@ -642,7 +665,7 @@ class ActiveSessionReader:
         self._cost.retained = len(self._candidates)
         snapshot.gaps = [_wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced, watched)
+        return Observation(self.generations.stamp(snapshot), home_replaced, watched, self._verified)
 
     # ----------------------------------------------------------------------
     # The observation
@@ -715,9 +738,43 @@ class ActiveSessionReader:
             self._linked_dirs = {}
             for path in sorted(pending):
                 self._apply(path)
-            if not self.trust_watcher:
+            if self._verify_barrier_ns is not None:
+                self._verified = self._verify(self._verify_barrier_ns)
+            elif not self.trust_watcher:
                 self._recheck_all()
         return version
+
+    def _verify(self, barrier_ns: int) -> Verified:
+        """Compare listed directories and candidates with what was last seen; re-read what differs.
+
+        Costs a ``stat`` per listed directory and per candidate (and errored
+        receipt), plus a listing of each directory whose signature moved: it
+        grows with directories and candidates, not with stale receipts.
+        """
+        checked = 0
+        missed: list[str] = []
+        for directory in self._listings.paths():
+            self._check_cancelled()
+            checked += 1
+            differing = self._listings.differing(directory, barrier_ns, self._matters)
+            for path, racy in differing or ():
+                before = self._mutations
+                self._apply(path)
+                if self._mutations != before and not racy:
+                    missed.append(path)
+        receipts = [path for path, error in self._errors.items() if error.kind is not None]
+        for path in [*(os.path.join(self._home, key) for key in self._candidates), *receipts]:
+            checked += 1
+            before = self._mutations
+            self._recheck(path)
+            if self._mutations != before and _older_than(path, barrier_ns - RACY_MARGIN_NS):
+                missed.append(path)
+        self._recheck_servers()
+        return Verified(checked, sorted(set(missed)))
+
+    def _matters(self, path: str) -> bool:
+        """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
+        return _action(self._parts(path)) is not _Action.IGNORE
 
     def _resample(self) -> None:
         """Take a fresh sample; judge again the candidates of pids that went or were reused."""
@@ -759,6 +816,7 @@ class ActiveSessionReader:
         self._gaps_changed = True
         self._error_bytes = 0
         self._pending.clear()
+        self._listings.clear()
         self._scan(os.path.join(self._home, _RUNS), (_RUNS,))
         self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS)
         self._read_servers()
@@ -770,6 +828,8 @@ class ActiveSessionReader:
         action = _action(parts)
         if action is _Action.SERVERS:
             self._read_servers()
+        elif action is _Action.RESCAN:
+            self._rescan = True
         elif self._through_symlink(path):  # a walk would not have gone there either
             self._forget(path)
             self._drop_under(path)
@@ -1135,7 +1195,8 @@ class ActiveSessionReader:
         """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
         self._check_cancelled()
         try:
-            if stat.S_ISLNK(os.lstat(path).st_mode):
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
                 raise NotADirectoryError(errno.ENOTDIR, "a symbolic link", path)
             entries = os.scandir(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -1148,12 +1209,18 @@ class ActiveSessionReader:
             return
         self._cost.directories += 1
         self._clear_error(path)
+        names: dict[str, int] = {}
         with entries:
             try:
                 for entry in entries:
-                    self._visit(entry, (*parts, entry.name))
+                    child = (*parts, entry.name)
+                    if _action(child) is not _Action.IGNORE:
+                        names[entry.name] = entry.inode()
+                    self._visit(entry, child)
             except OSError as exc:
                 self._set_error(path, f"cannot list directory: {_describe(exc)}", None, None)
+                return
+        self._listings.record(path, st, names)
 
     def _visit(self, entry: os.DirEntry[str], parts: _Parts) -> None:
         if entry.name.startswith("."):
@@ -1177,6 +1244,7 @@ class ActiveSessionReader:
         return path[len(self._home) + 1 :]
 
     def _drop_under(self, path: str) -> None:
+        self._listings.forget_under(path)
         prefix = path + os.sep
         key_prefix = self._key(prefix) if path != self._home else ""
         for key in [k for k in self._candidates if k.startswith(key_prefix)]:
@@ -1228,8 +1296,8 @@ class ActiveSessionReader:
             self._drop(key)
 
     def _signature(self, st: os.stat_result, read_ns: int) -> _Signature | None:
-        """What a later ``stat`` check compares; none is kept while the watcher is trusted."""
-        return None if self.trust_watcher else _Signature.of(st, read_ns)
+        """What a later ``stat`` check compares (verification; each observation without a watch)."""
+        return _Signature.of(st, read_ns)
 
     def _load(self, path: str) -> tuple[bytes, os.stat_result] | None:
         """Open without following symlinks or blocking; check type, owner and size; read.
@@ -1350,6 +1418,18 @@ class ActiveSessionReader:
             self._mutations += 1
             self._gaps_changed = True
             self._error_bytes -= _error_size(path, error.message)
+
+
+def _older_than(path: str, moment_ns: int) -> bool:
+    """Whether the entry at ``path`` last changed before ``moment_ns`` (gone: yes)."""
+    try:
+        st = os.lstat(path)
+    except OSError:  # gone: when its directory last changed says when
+        try:
+            st = os.lstat(os.path.dirname(path))
+        except OSError:
+            return True
+    return max(st.st_mtime_ns, st.st_ctime_ns) < moment_ns
 
 
 def _error_size(path: str, message: str) -> int:

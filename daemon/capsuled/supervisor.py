@@ -43,6 +43,8 @@ log = structlog.get_logger("capsuled")
 #: How often a daemon that bound its own socket checks that the socket and
 #: lock files are still its own (:meth:`Daemon._keep_socket`), seconds.
 SOCKET_CHECK_INTERVAL_S = 2.0
+#: The longest a changed watch mode waits to reach ``STATUS=`` (sd_notify), seconds.
+_STATUS_RECHECK_S: Final = 60.0
 #: What the socket check may find again and again: warned about once while it lasts.
 _LASTING: Final = {
     "contested": "the lock file was removed and another process holds the new one; "
@@ -75,16 +77,20 @@ class Daemon:
             totals=self.totals,
             watcher_mode=lambda: self.watcher.mode,
             max_pidfds=config.max_pidfds,
+            sync=lambda: self.watcher.sync(),
+            verify_interval_s=config.verify_interval_s,
         )
         self.subscriptions = SubscriptionHub(lambda: self.sessions.announced, self.totals)
         self.sessions.add_listener(self.subscriptions.publish)
         self.feed = self.sessions.changes
+        # The watch starts before discovery's first observation, a walk: one
+        # walk to ready, and nothing written meanwhile is missed.
         self.watcher = HomeWatcher(
             config.home,
             self.feed,
             mode=config.watch,
-            off_rescan_interval_s=config.sample_interval_s,
-            rescan_interval_s=config.rescan_interval_s,
+            poll_interval_s=config.poll_interval_s,
+            rescan_at_start=False,
         )
         self.notes: list[str] = []  # remarks for status, beside discovery's own
         self.api = Api(self)
@@ -117,8 +123,7 @@ class Daemon:
 
     async def _tell_service_manager(self) -> None:
         """sd_notify (SPEC §8): ``READY=1`` once the first observation is done,
-        then ``STATUS=`` whenever the one-line state changes (checked at each
-        sample interval)."""
+        then ``STATUS=`` whenever the one-line state changes."""
         status: str | None = None
         await self.sessions.first_observation.wait()
         while True:
@@ -129,7 +134,10 @@ class Daemon:
                 else:
                     self.notifier.status(text)
                 status = text
-            await anyio.sleep(self.config.sample_interval_s)
+            # Woken by a new answer; a fall back to polling shows at the next
+            # one, or within a minute (an idle daemon sleeps).
+            with anyio.move_on_after(_STATUS_RECHECK_S):
+                await self.sessions.next_answer()
 
     @property
     def discovery(self) -> DiscoveryState | None:
@@ -167,12 +175,13 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
                 tg.start_soon(service.send_watchdog, self.notifier)
-                # Discovery first: it is started at once (its first observation
-                # follows), so no request can find it not running. The watcher
-                # owes a rescan when its watch starts.
+                # The watch first, so that discovery's first observation (a
+                # walk) reads everything written from then on: one walk to
+                # ready. Both start before the server: no request can find
+                # discovery not running.
+                await tg.start(self.watcher.serve)
                 await tg.start(self.sessions.serve)
                 await tg.start(self.subscriptions.serve)
-                await tg.start(self.watcher.serve)
                 listener = UnixListener(listening.sock)
                 await tg.start(self.server.serve, listener)
                 if not listening.activated:  # systemd's socket is systemd's to keep

@@ -1,0 +1,97 @@
+"""What each walked directory held when the reader last listed it (docs/design.md §5).
+
+Verification compares a directory's ``lstat`` signature (inode, ``mtime_ns``)
+with the one taken when it was listed; only a directory that differs is
+listed again, and only its entries whose inode differs, or that came or went,
+are handed back to be read. So a verification run costs a ``stat`` per
+directory, not a read per stale receipt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["RACY_MARGIN_NS", "Listings"]
+
+#: A change whose timestamp is this close to the barrier (or after it) may
+#: still be on its way through the watch: it is read, but not counted as one
+#: the watch missed. Covers the kernel's coarse file-time clock.
+RACY_MARGIN_NS: Final = 50_000_000
+
+
+@dataclass(slots=True)
+class _Listing:
+    signature: tuple[int, int]  # (inode, mtime_ns) of the directory when listed
+    names: dict[str, int]  # the entries that matter → inode
+
+
+class Listings:
+    """The directory listings the reader's walks took, by absolute path."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, _Listing] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_path)
+
+    def record(self, path: str, st: os.stat_result, names: dict[str, int]) -> None:
+        """Remember what a listing of ``path`` found; ``st`` was taken before it."""
+        self._by_path[path] = _Listing((st.st_ino, st.st_mtime_ns), names)
+
+    def clear(self) -> None:
+        self._by_path.clear()
+
+    def forget_under(self, path: str) -> None:
+        """Forget ``path`` and every listing below it."""
+        prefix = path + os.sep
+        for known in [p for p in self._by_path if p == path or p.startswith(prefix)]:
+            del self._by_path[known]
+
+    def paths(self) -> list[str]:
+        return list(self._by_path)
+
+    def differing(
+        self, path: str, barrier_ns: int, matters: Callable[[str], bool]
+    ) -> list[tuple[str, bool]] | None:
+        """The entries of ``path`` that differ from its listing, each with whether it is racy.
+
+        Returns:
+            None when the directory's signature is unchanged (nothing listed);
+            otherwise (absolute path, racy) for every entry that came, went or
+            was replaced, racy when its change may be younger than
+            ``barrier_ns`` (Unix ns) less :data:`RACY_MARGIN_NS`. Only entries
+            whose absolute path ``matters`` are compared and remembered. A
+            directory that is gone is forgotten: its parent's listing reports it.
+        """
+        listing = self._by_path.get(path)
+        if listing is None:
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            self.forget_under(path)
+            return []
+        if (st.st_ino, st.st_mtime_ns) == listing.signature:
+            return None
+        young = st.st_mtime_ns >= barrier_ns - RACY_MARGIN_NS
+        now: dict[str, int] = {}
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    if not entry.name.startswith(".") and matters(entry.path):
+                        now[entry.name] = entry.inode()
+        except OSError:
+            self.forget_under(path)
+            return []
+        listing.signature = (st.st_ino, st.st_mtime_ns)
+        found: list[tuple[str, bool]] = []
+        for name in now.keys() - listing.names.keys():
+            found.append((os.path.join(path, name), young))
+        for name, inode in listing.names.items():
+            if now.get(name) != inode:
+                found.append((os.path.join(path, name), young))
+        listing.names = now
+        return sorted(found)
