@@ -37,7 +37,13 @@ def test_flag_beats_environment_beats_default() -> None:
     assert config.sample_interval_s == 2.5
     config = parse_args(["--home", "/flag-home", "--sample-interval", "0.5"], env)
     assert config.home == Path("/flag-home") and config.sample_interval_s == 0.5
-    assert parse_args([], {"CAPSULE_HOME": "/x"}).rescan_interval_s == 300.0
+    defaults = parse_args([], {"CAPSULE_HOME": "/x"})
+    assert (defaults.verify_interval_s, defaults.poll_interval_s) == (30.0, 0.5)
+    assert (
+        parse_args([], {"CAPSULE_HOME": "/x", "CAPSULED_VERIFY_INTERVAL": "5"}).verify_interval_s
+        == 5.0
+    )
+    assert parse_args(["--poll-interval", "0.1"], {"CAPSULE_HOME": "/x"}).poll_interval_s == 0.1
 
 
 @pytest.mark.parametrize(
@@ -45,7 +51,8 @@ def test_flag_beats_environment_beats_default() -> None:
     [
         (["--sample-interval", "0"], "sample interval"),
         (["--sample-interval", "nan"], "sample interval"),
-        (["--rescan-interval", "soon"], "rescan interval"),
+        (["--verify-interval", "soon"], "verify interval"),
+        (["--poll-interval", "-1"], "poll interval"),
         (["--log-format", "xml"], "log format"),
         (["--log-level", "loud"], "log level"),
         (["--max-connections", "0"], "max connections"),

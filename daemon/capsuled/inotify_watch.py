@@ -132,9 +132,11 @@ class InotifyWatch:
             inotify.close()
 
     async def sync(self) -> None:
-        """Wait until every event queued before this call has been fed (a cookie barrier).
+        """Wait until every change made before this call has been fed.
 
-        Returns at once when the watch is not running: its restart owes a walk.
+        A cookie barrier for the watched directories, then a poll of the ones
+        that could not be watched. Returns at once when the watch is not
+        running: its restart owes a walk.
         """
         if self._inotify is None:
             return
@@ -156,6 +158,8 @@ class InotifyWatch:
                 os.unlink(path)
             except OSError:
                 pass
+        if self._polled and self._inotify is not None:
+            self._poll_unwatched()  # what the cookie cannot vouch for
 
     # ----------------------------------------------------------------------
     # Adding watches

@@ -44,6 +44,8 @@ Backend = Literal["auto", "inotify", "watchfiles"]
 #: consecutive failure up to the maximum.
 _RESTART_DELAY_S: Final = 0.1
 _RESTART_DELAY_MAX_S: Final = 5.0
+#: How often a home configured through a symlink is checked for being re-pointed, seconds.
+_LINKED_HOME_CHECK_S: Final = 1.0
 
 
 class _Watch(Protocol):
@@ -106,8 +108,12 @@ class _PollingWatch:
 
     async def sync(self) -> None:
         """Poll now: what changed before this call is fed when it returns."""
-        if self._running:
+        if not self._running:
+            return
+        try:
             await self._pass()
+        except WatchLost:
+            self._feed.request_rescan()  # the run loop restarts the watch
 
     async def _pass(self) -> None:
         async with self._lock:
@@ -233,7 +239,7 @@ class HomeWatcher:
             watch = self._new_watch()
             self._watch = watch
             try:
-                await watch.run(started)
+                await self._run(watch, started)
             except WatchLost as exc:
                 log.warning(
                     "watch lost; walking and watching again", home=str(self.home), cause=str(exc)
@@ -245,6 +251,35 @@ class HomeWatcher:
             finally:
                 self._overflows += watch.overflows
                 self._watch = None
+
+    async def _run(self, watch: _Runnable, started: Callable[[], None]) -> None:
+        """Run ``watch``; for a home configured through a symlink, check where it points.
+
+        Re-pointing a symlink makes no event in the directory it pointed to,
+        so such a home's identity is compared every
+        :data:`_LINKED_HOME_CHECK_S` (the only case with a timer of its own).
+
+        Raises:
+            WatchLost: the watch lost the home, or the link points elsewhere now.
+        """
+        if os.path.realpath(self.home) == str(self.home):
+            await watch.run(started)
+            return
+        identity = _identity(self.home)
+        repointed = False
+        async with anyio.create_task_group() as tg:
+
+            async def check() -> None:
+                nonlocal repointed
+                while _identity(self.home) == identity:
+                    await anyio.sleep(_LINKED_HOME_CHECK_S)
+                repointed = True
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(check)
+            await watch.run(started)
+        if repointed:
+            raise WatchLost("the home's symlink points to another directory now")
 
     def _new_watch(self) -> _Runnable:
         home = str(self.home)
@@ -285,6 +320,15 @@ class HomeWatcher:
         self._failures += 1
         if self._failures > 1:
             await anyio.sleep(delay_s)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory ``path`` leads to; None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _is_directory(path: Path) -> bool:

@@ -1,4 +1,5 @@
-"""The sampler observes every ``--sample-interval`` with nobody asking (SPEC §8)."""
+"""When the daemon observes with nobody asking: only where changes cannot all be events
+(docs/design.md §8 "An idle daemon sleeps")."""
 
 from __future__ import annotations
 
@@ -10,11 +11,26 @@ from support import DaemonProcess, wait_until
 from capsule_client import Client
 
 
-def test_observations_follow_the_sample_interval_without_requests(short_dir: Path) -> None:
+def test_an_idle_daemon_observes_nothing_nobody_asked_for(short_dir: Path) -> None:
     home = short_dir / "home"
     home.mkdir(mode=0o700)
     with (
-        DaemonProcess(home, short_dir / "s.sock", args=["--sample-interval", "0.2"]) as daemon,
+        DaemonProcess(home, short_dir / "s.sock", args=["--sample-interval", "0.05"]) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        wait_until(lambda: client.status().discovery == "ready", message="the first answer")
+        first = client.status().totals.observations
+        # Twenty sample intervals: a sampler on a timer would observe about twenty times.
+        time.sleep(1.0)
+        assert client.status().totals.observations == first
+
+
+def test_without_a_watch_observations_follow_the_sample_interval(short_dir: Path) -> None:
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    args = ["--sample-interval", "0.2", "--watch", "off"]
+    with (
+        DaemonProcess(home, short_dir / "s.sock", args=args) as daemon,
         Client(daemon.socket_path) as client,
     ):
         first = client.status().totals.observations

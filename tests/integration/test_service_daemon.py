@@ -385,22 +385,12 @@ def totals_of(socket_path: Path) -> dict[str, int]:
     return totals
 
 
-def rescans_settled(socket_path: Path) -> int | None:
-    """The rescan count, once it held still over three observations; else None."""
-    first = totals_of(socket_path)
-    wait_until(
-        lambda: totals_of(socket_path)["observations"] >= first["observations"] + 3,
-        message="three observations",
-    )
-    last = totals_of(socket_path)
-    return last["rescans"] if last["rescans"] == first["rescans"] else None
-
-
 def test_sighup_schedules_a_rescan_and_the_daemon_serves_on(home: Path, short_dir: Path) -> None:
     sock = short_dir / "hup.sock"
     with DaemonProcess(home, sock, args=["--sample-interval", "0.1"]) as daemon:
         assert daemon.process is not None
-        before = wait_until(lambda: rescans_settled(sock), message="start-up rescans to end")
+        wait_until(lambda: status_of(sock)["discovery"] == "ready", message="the first answer")
+        before = totals_of(sock)["rescans"]
         daemon.process.send_signal(signal.SIGHUP)
         # The next observation walks from scratch.
         wait_until(lambda: totals_of(sock)["rescans"] > before, message="a rescan after SIGHUP")

@@ -14,6 +14,7 @@ from support import DaemonProcess
 from userns import user_namespaces_work, with_inotify_limit
 
 from capsule_client import Client
+from capsule_client.receipts import write_exec_receipt
 
 
 def status_watcher(daemon: DaemonProcess) -> str:
@@ -90,12 +91,28 @@ class DaemonWithFewWatches(DaemonProcess):
 @pytest.mark.skipif(
     not user_namespaces_work(), reason="needs Linux user namespaces (unshare --user)"
 )
-def test_a_daemon_at_the_watch_limit_falls_back_to_polling(short_dir: Path) -> None:
+def test_a_daemon_at_the_watch_limit_polls_what_it_cannot_watch(short_dir: Path) -> None:
     home = make_home(short_dir)
-    for name in ("runs", "runtime", "sessions"):
-        (home / name).mkdir()
-    with DaemonWithFewWatches(home, short_dir / "d.sock") as daemon:
-        assert status_watcher(daemon) == "polling"
+    for name in ("runs", "runtime/exec-processes", "sessions"):
+        (home / name).mkdir(parents=True)
+    with (
+        DaemonWithFewWatches(home, short_dir / "d.sock") as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        watch = client.status().watch
+        assert watch is not None
+        assert (watch.mode, watch.backend) == ("native", "inotify")
+        assert watch.watched_directories == 2  # the home and runs
+        assert watch.polled_directories >= 2  # runtime and runtime/exec-processes
+        # A receipt in a polled directory is in the next read-your-writes answer.
+        sleeper = subprocess.Popen(["sleep", "60"])
+        try:
+            write_exec_receipt(home, "exec_polled", sleeper.pid)
+            answer = client.snapshot(max_age_ms=0)
+            assert [p.pid for p in answer.unowned] == [sleeper.pid]
+        finally:
+            sleeper.kill()
+            sleeper.wait()
         assert daemon.stop(signal.SIGTERM) == 0
-    assert "native watch cannot start; falling back to polling" in daemon.logs()
-    assert "watch limit" in daemon.logs()
+    assert "cannot watch a directory; polling it instead" in daemon.logs()
+    assert "No space left on device" in daemon.logs()
