@@ -165,6 +165,8 @@ class HomeWatcher:
         if mode not in WATCH_MODES:
             raise ValueError(f"watch must be one of {', '.join(WATCH_MODES)}, not {mode!r}")
         self.home = home.absolute()
+        # A home reached through a symlink: re-pointing it makes no event.
+        self._linked = os.path.realpath(self.home) != str(self.home)
         self.mode: WatcherMode = mode
         self.starts = 0
         self._feed = feed
@@ -262,7 +264,7 @@ class HomeWatcher:
         Raises:
             WatchLost: the watch lost the home, or the link points elsewhere now.
         """
-        if os.path.realpath(self.home) == str(self.home):
+        if not self._linked:
             await watch.run(started)
             return
         identity = _identity(self.home)
@@ -271,7 +273,8 @@ class HomeWatcher:
 
             async def check() -> None:
                 nonlocal repointed
-                while _identity(self.home) == identity:
+                # No event says a link was re-pointed: this is a poll, on purpose.
+                while _identity(self.home) == identity:  # noqa: ASYNC110
                     await anyio.sleep(_LINKED_HOME_CHECK_S)
                 repointed = True
                 tg.cancel_scope.cancel()
