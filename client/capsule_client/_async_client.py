@@ -87,9 +87,19 @@ class AsyncClient:
         max_age_ms: int | None = None,
         since: int | None = None,
         usage: bool = False,
+        fresh: bool = False,
     ) -> ActiveSessionsSnapshot:
-        """``sessions.snapshot`` (SPEC §7); params as in :class:`~.protocol.SnapshotParams`."""
-        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage))
+        """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
+
+        Args:
+            fresh: read-your-writes: the answer reflects every receipt, store
+                row and process exit completed before the call (``max_age_ms=0``:
+                the daemon waits for its watch's barrier, then observes).
+
+        Raises:
+            ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
+        """
+        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh))
 
     def subscribe(self, *, since: int | None = None) -> AsyncSubscription:
         """``sessions.subscribe``: an async iterator of the answer's changes.

@@ -110,7 +110,12 @@ def snapshot(
     max_age_ms: int | None,
     since: int | None,
     usage: bool = False,
+    fresh: bool = False,
 ) -> Call[ActiveSessionsSnapshot]:
+    if fresh:
+        if max_age_ms not in (None, 0):
+            raise ValueError("fresh=True asks for max_age_ms=0; do not pass another max_age_ms")
+        max_age_ms = 0
     params: dict[str, Any] = {}
     for name, value in (
         ("task", task),

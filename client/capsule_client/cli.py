@@ -86,7 +86,8 @@ def render_status(status: StatusResult) -> str:
         ("daemon", f"capsuled {status.version}, pid {status.pid}, up {_duration(status.uptime_s)}"),
         ("home", status.home),
         ("socket", status.socket),
-        ("watcher", status.watcher),
+        ("watcher", _watch_line(status)),
+        ("verification", _verification_line(status)),
         ("discovery", discovery),
         (
             "clients",
@@ -119,6 +120,31 @@ def render_status(status: StatusResult) -> str:
     rows.extend(("note", note) for note in status.notes)
     width = max(len(key) for key, _ in rows)
     return "\n".join(f"{key + ':':<{width + 1}} {value}" for key, value in rows)
+
+
+def _watch_line(status: StatusResult) -> str:
+    watch = status.watch
+    if watch is None:  # an older daemon
+        return status.watcher
+    if watch.mode == "off":
+        return "off (every observation walks the home)"
+    line = f"{watch.mode} ({watch.backend}), {watch.watched_directories} directories watched"
+    if watch.polled_directories:
+        line += f", {watch.polled_directories} polled"
+    if watch.overflows:
+        line += f", {watch.overflows} overflows"
+    return line
+
+
+def _verification_line(status: StatusResult) -> str:
+    verification = status.verification
+    if verification is None or verification.interval_s is None or status.watcher == "off":
+        return "off"
+    line = f"every {verification.interval_s:g} s, {verification.runs} runs"
+    line += f", {verification.changes_found} changes the watch missed"
+    if verification.last_at is not None:
+        line += f" (last {_age(verification.last_at)} ago: {verification.last_checked} checked)"
+    return line
 
 
 def _reconcile(client: Client, args: argparse.Namespace, out: TextIO) -> int:
@@ -221,10 +247,11 @@ def _duration(seconds: float) -> str:
 
 
 def _sessions(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    # Read-your-writes: a runtime that just wrote a receipt sees it here.
     if args.json:
-        _print_json(out, client.call_raw("sessions.snapshot"))
+        _print_json(out, client.call_raw("sessions.snapshot", {"max_age_ms": 0}))
         return EXIT_OK
-    print(render_sessions(client.snapshot()), file=out)
+    print(render_sessions(client.snapshot(fresh=True)), file=out)
     return EXIT_OK
 
 
@@ -428,10 +455,10 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     interval_s: float = max(args.interval, 0.05)
     clear = not args.once and out.isatty()
     try:
-        snapshot = client.snapshot(usage=True)
-        if args.once:  # CPU use is measured between two looks
+        snapshot = client.snapshot(usage=True, fresh=args.once)
+        if args.once:  # CPU use is measured between two looks; the last one reads your writes
             time.sleep(min(interval_s, 1.0))
-            snapshot = client.snapshot(usage=True)
+            snapshot = client.snapshot(usage=True, fresh=True)
         while True:
             text = render_top(snapshot)
             if args.json:

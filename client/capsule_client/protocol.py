@@ -425,7 +425,8 @@ class VerificationStatus(Struct):
     """The net under the watch (``status.verification``).
 
     Attributes:
-        interval_s: seconds between two verification runs (``--verify-interval``).
+        interval_s: seconds between two verification runs (``--verify-interval``);
+            None when there are none (no watch: every observation walks).
         runs: verification runs since start.
         changes_found: changes the watch had not reported, found by them, in total.
         last_at: when the last run finished, Unix seconds; None before the first.
@@ -433,7 +434,7 @@ class VerificationStatus(Struct):
         last_checked: directories and candidates the last run compared.
     """
 
-    interval_s: float
+    interval_s: float | None
     runs: int = 0
     changes_found: int = 0
     last_at: float | None = None

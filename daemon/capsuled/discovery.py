@@ -248,9 +248,7 @@ class Discovery:
     ) -> None:
         self.sample_interval_s = sample_interval_s
         self._sync = sync
-        self.verification = VerificationStatus(
-            interval_s=math.inf if verify_interval_s is None else verify_interval_s
-        )
+        self.verification = VerificationStatus(interval_s=verify_interval_s)
         self._verify_interval_s = verify_interval_s
         self._verify_barrier_ns: int | None = None  # owed to the next observation
         self.totals = StatusTotals() if totals is None else totals
