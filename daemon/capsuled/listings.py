@@ -37,6 +37,9 @@ class Listings:
     def __len__(self) -> int:
         return len(self._by_path)
 
+    def __contains__(self, path: object) -> bool:
+        return path in self._by_path
+
     def record(self, path: str, st: os.stat_result, names: dict[str, int]) -> None:
         """Remember what a listing of ``path`` found; ``st`` was taken before it."""
         self._by_path[path] = _Listing((st.st_ino, st.st_mtime_ns), names)

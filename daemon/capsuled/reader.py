@@ -753,6 +753,13 @@ class ActiveSessionReader:
         """
         checked = 0
         missed: list[str] = []
+        for parts in ((_RUNS,), _EXEC_PARTS):  # a root that was missing at its last walk
+            root = os.path.join(self._home, *parts)
+            checked += 1
+            if root not in self._listings and _is_real_directory(root):
+                self._rescan = True  # what a change to it asks, as an event would
+                if _older_than(root, barrier_ns - RACY_MARGIN_NS):
+                    missed.append(root)
         for directory in self._listings.paths():
             self._check_cancelled()
             checked += 1
@@ -1418,6 +1425,13 @@ class ActiveSessionReader:
             self._mutations += 1
             self._gaps_changed = True
             self._error_bytes -= _error_size(path, error.message)
+
+
+def _is_real_directory(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _older_than(path: str, moment_ns: int) -> bool:
