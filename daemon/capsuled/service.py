@@ -76,6 +76,7 @@ __all__ = [
     "bind_unix_socket",
     "check_home",
     "ensure_home",
+    "listening_intact",
     "lock_path_for",
     "mend_listening",
     "open_listener",
@@ -635,6 +636,17 @@ def mend_listening(listening: Listening) -> list[SocketMend]:
     elif not _socket_is(bound):
         done.append("foreign")
     return done
+
+
+def listening_intact(listening: Listening) -> bool:
+    """Whether the socket and lock files are both still the daemon's own.
+
+    Two ``stat`` calls: cheap enough for the event loop, so that the socket
+    check of an idle daemon costs no worker-thread round trip; only when this
+    says no does :func:`mend_listening` run (in a worker thread).
+    """
+    bound = listening.bound
+    return bound is None or (listening.lock.is_at_its_path() and _socket_is(bound))
 
 
 def _socket_is(bound: BoundSocket) -> bool:

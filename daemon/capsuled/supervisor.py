@@ -216,6 +216,9 @@ class Daemon:
         lasting: set[str] = set()  # what the last check found, warned about already
         while True:
             await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
+            if service.listening_intact(listening):
+                lasting = set()
+                continue
             details: dict[str, str] = {}
             try:
                 done: list[str] = list(
