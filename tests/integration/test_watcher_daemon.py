@@ -116,3 +116,25 @@ def test_a_daemon_at_the_watch_limit_polls_what_it_cannot_watch(short_dir: Path)
         assert daemon.stop(signal.SIGTERM) == 0
     assert "cannot watch a directory; polling it instead" in daemon.logs()
     assert "No space left on device" in daemon.logs()
+
+
+@pytest.mark.parametrize("mode", ["native", "polling"])
+def test_one_walk_to_ready(short_dir: Path, mode: str) -> None:
+    """The watch starts before the first walk: that walk's answer is ready, and it is the only one."""
+    home = make_home(short_dir)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for n in range(20):
+            write_exec_receipt(home, f"exe_{n}", sleeper.pid)
+        with (
+            DaemonProcess(home, short_dir / "d.sock", ("--watch", mode)) as daemon,
+            Client(daemon.socket_path) as client,
+        ):
+            answer = client.snapshot()
+            assert answer.discovery == "ready"
+            assert len(answer.unowned) == 20
+            assert client.status().totals.rescans == 1
+            assert daemon.stop(signal.SIGTERM) == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
