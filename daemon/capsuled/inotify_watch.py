@@ -34,7 +34,7 @@ from inotify_simple import INotify, flags
 
 from .changes import ChangeFeed
 from .layout import STORE_FILES, Parts, entered, reader_cares
-from .polling import Look, Poller
+from .polling import Look, Poller, open_directory
 
 __all__ = ["COOKIE_PREFIX", "InotifyWatch", "WatchLost"]
 
@@ -91,6 +91,7 @@ class InotifyWatch:
         self._inotify: INotify | None = None
         self._paths: dict[int, Parts] = {}  # wd → the one path it stands for
         self._wds: dict[Parts, int] = {}
+        self._children: dict[Parts, set[Parts]] = {}  # watched or polled, by parent
         self._polled: set[Parts] = set()
         self._poller = Poller(home)
         self._cookies: dict[str, anyio.Event] = {}
@@ -170,10 +171,9 @@ class InotifyWatch:
         Raises:
             OSError: the home cannot be watched.
         """
-        wd = self._add(())
-        if wd is None:
+        if self._add(()) is None:
             raise OSError(errno.ENOENT, "the home is not a directory that can be watched")
-        self._add_below((), wd)
+        self._add_below(())
 
     def _add(self, parts: Parts) -> int | None:
         """Add the watch of one directory; None if it is not one to watch.
@@ -209,20 +209,35 @@ class InotifyWatch:
             # with a rename): the first path stays the watch's only one.
             log.debug("directory already watched by another path", path=path, first=known)
             return None
+        old = self._wds.get(parts)
+        if old is not None and old != wd:  # the path's directory was replaced unseen
+            self._paths.pop(old, None)
+            self._remove_watch(old)
         self._paths[wd] = parts
         self._wds[parts] = wd
+        self._note(parts)
         if parts in self._polled:
             self._polled.discard(parts)
             self._poller.forget(parts)
         return wd
 
-    def _add_below(self, parts: Parts, wd: int | None) -> None:
-        """Add the watches of the entered directories below ``parts`` (listed after its own)."""
+    def _add_below(self, parts: Parts, *, recheck: bool = False) -> None:
+        """Add the watches of the entered directories below ``parts`` (its own is added).
+
+        With ``recheck`` (after an overflow), every directory is added again,
+        whether known or not, and what is known below ``parts`` but no longer
+        there is forgotten: events about either may have been lost.
+        """
+        seen: set[Parts] = {parts}
         pending = [parts]
         while pending:
             here = pending.pop()
             try:
-                with os.scandir(os.path.join(self._home, *here)) as entries:
+                fd = open_directory(os.path.join(self._home, *here), follow=not here)
+            except OSError:
+                continue  # gone meanwhile, a link now, unreadable: the reader says which
+            try:
+                with os.scandir(fd) as entries:
                     names = [
                         entry.name
                         for entry in entries
@@ -231,11 +246,18 @@ class InotifyWatch:
                         and entered((*here, entry.name))
                     ]
             except OSError:
-                continue  # gone meanwhile, or unreadable: the reader says which
+                continue  # gone while listed
+            finally:
+                os.close(fd)
             for name in names:
                 child = (*here, name)
-                if child in self._wds or self._add(child) is not None or child in self._polled:
+                known = child in self._wds and not recheck
+                if known or self._add(child) is not None or child in self._polled:
+                    seen.add(child)
                     pending.append(child)
+        if recheck:
+            for gone in [known for known in self._known_below(parts) if known not in seen]:
+                self._forget_below(gone)
 
     def _poll_instead(self, parts: Parts, exc: OSError) -> None:
         if parts in self._polled:
@@ -248,24 +270,48 @@ class InotifyWatch:
             poll_interval_s=self._poll_interval_s,
         )
         self._polled.add(parts)
+        self._note(parts)
         self._poller.look(parts, Look(), report=False)
         # What was created before the first look is the reader's to find.
         self._feed.add([self._absolute(parts)])
 
+    def _note(self, parts: Parts) -> None:
+        """Index a watched or polled directory under its parent (for forgetting subtrees)."""
+        if parts:
+            self._children.setdefault(parts[:-1], set()).add(parts)
+
+    def _known_below(self, parts: Parts) -> list[Parts]:
+        """The watched and polled directories below ``parts`` (not itself), parents first."""
+        found: list[Parts] = []
+        pending = [parts]
+        while pending:
+            children = self._children.get(pending.pop(), ())
+            found.extend(children)
+            pending.extend(children)
+        return found
+
     def _forget_below(self, parts: Parts) -> None:
         """Drop the watches (and polls) of ``parts`` and everything below it."""
+        for known in [parts, *self._known_below(parts)]:
+            self._children.pop(known, None)
+            wd = self._wds.pop(known, None)
+            if wd is not None:
+                self._paths.pop(wd, None)
+                self._remove_watch(wd)
+            if known in self._polled:
+                self._polled.discard(known)
+                self._poller.forget(known)
+        if parts:
+            siblings = self._children.get(parts[:-1])
+            if siblings is not None:
+                siblings.discard(parts)
+
+    def _remove_watch(self, wd: int) -> None:
         assert self._inotify is not None
-        depth = len(parts)
-        for known in [p for p in self._wds if p[:depth] == parts]:
-            wd = self._wds.pop(known)
-            del self._paths[wd]
-            try:
-                self._inotify.rm_watch(wd)
-            except OSError:
-                pass  # already gone with its directory
-        for known in [p for p in self._polled if p[:depth] == parts]:
-            self._polled.discard(known)
-            self._poller.forget(known)
+        try:
+            self._inotify.rm_watch(wd)
+        except OSError:
+            pass  # already gone with its directory
 
     # ----------------------------------------------------------------------
     # Reading events
@@ -281,7 +327,7 @@ class InotifyWatch:
             self._handle(inotify)
             if self._walk_owed:
                 self._walk_owed = False
-                self._add_below((), None)  # directories made while events were lost
+                self._add_below((), recheck=True)  # what came or went while events were lost
             if self._polled and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self._poll_interval_s
                 self._poll_unwatched()
@@ -331,9 +377,8 @@ class InotifyWatch:
             if mask & _LEFT:
                 self._forget_below(child)
             elif mask & _ARRIVED and entered(child):
-                wd = self._add(child)
-                if wd is not None or child in self._polled:
-                    self._add_below(child, wd)
+                if self._add(child) is not None or child in self._polled:
+                    self._add_below(child)
             elif not mask & (_LEFT | _ARRIVED):
                 # A directory's chmod or chown says nothing its entries' own
                 # events do not; fed, it would make the reader walk for nothing.
@@ -370,11 +415,12 @@ class InotifyWatch:
             if wd is not None:
                 log.info("directory watched again", path=os.path.join(self._home, *parts))
                 self._feed.add([self._absolute(parts)])  # what came meanwhile
-                self._add_below(parts, wd)
+                self._add_below(parts)
             elif parts in self._polled:
                 for child in self._poller.look(parts, look):
                     if child not in self._wds and child not in self._polled:
-                        self._add_below(child, self._add(child))
+                        if self._add(child) is not None or child in self._polled:
+                            self._add_below(child)
         self._flush(look)
 
     def _absolute(self, parts: Parts) -> Path:

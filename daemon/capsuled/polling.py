@@ -16,11 +16,25 @@ from typing import TypeAlias
 
 from .layout import STORE_FILES, Parts, entered, reader_cares
 
-__all__ = ["HomeMissing", "Look", "Poller"]
+__all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
 
 #: What one entry looked like: (inode, type and mode, size, mtime_ns, ctime_ns);
 #: for a directory only its inode and type (what changes below it is its own look).
 _EntrySignature: TypeAlias = tuple[int, int, int, int, int]
+
+
+def open_directory(path: str, *, follow: bool = False) -> int:
+    """A descriptor of the directory at ``path``, never through a final symlink.
+
+    Listing through it (``os.scandir(fd)``) cannot wander into a link's target
+    if the directory was replaced by one after it was checked; ``follow`` is
+    for the home itself, which may be configured as a link.
+
+    Raises:
+        OSError: not a directory (``ENOTDIR``, ``ELOOP`` for a link), gone, unreadable.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    return os.open(path, flags)
 
 
 class HomeMissing(Exception):
@@ -36,6 +50,19 @@ class Look:
 
     def __bool__(self) -> bool:
         return self.store or bool(self.paths)
+
+
+class _NoEntries:
+    """An empty listing, for a directory that could not be opened."""
+
+    def __enter__(self) -> list[os.DirEntry[str]]:
+        return []
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_ENTRIES = _NoEntries()
 
 
 class Poller:
@@ -101,7 +128,11 @@ class Poller:
         now: dict[str, _EntrySignature] = {}
         children: list[Parts] = []
         try:
-            with os.scandir(path) as entries:
+            fd = open_directory(path, follow=not parts)
+        except OSError:
+            fd = None  # gone, a link, unreadable: no entries (the reader says why)
+        try:
+            with os.scandir(fd) if fd is not None else _NO_ENTRIES as entries:
                 for entry in entries:
                     if entry.name.startswith("."):
                         continue
@@ -123,7 +154,10 @@ class Poller:
                             st.st_ctime_ns,
                         )
         except OSError:
-            pass  # gone, a link, unreadable: no entries (the reader says why)
+            pass  # gone while listed
+        finally:
+            if fd is not None:
+                os.close(fd)
         self._seen[parts] = now
         if report:
             old = before if before is not None else {}
