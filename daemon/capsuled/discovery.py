@@ -10,13 +10,19 @@ the home and everything asynchronous around it:
   longer than its ``max_age_ms`` before it arrived: otherwise (always with
   ``max_age_ms: 0``) it waits for the next one, which every request waiting
   so shares, so its answer reads everything written before it was sent;
-* **the sampler**: one settled observation every ``sample_interval_s``, so
-  cached answers stay fresh (the periodic full rescan, the net under silent
-  kernel queue overflows, is owed by the watcher: ``capsuled.watcher``); and
-  one at once whenever it is woken: by the watcher's feed (a receipt or the
-  store changed) or by :class:`~capsuled.exits.ExitWatch` (a watched process
-  exited), so answers change within milliseconds of the event rather than at
-  the next sample;
+* **the sampler**: an observation at once whenever it is woken: by the
+  watcher's feed (a receipt or the store changed) or by
+  :class:`~capsuled.exits.ExitWatch` (a watched process exited), so answers
+  change within milliseconds of the event; one every ``sample_interval_s``
+  only where something can change unannounced (:attr:`Discovery.needs_sampling`:
+  no watch, exits that are not pidfd events, an answer that is not ready).
+  An idle daemon sleeps (docs/design.md §8);
+* **verification**: every ``verify_interval_s``, a barrier through the watch
+  and then an observation that compares every listed directory and every
+  candidate with what was last seen (docs/design.md §5); what it finds the
+  watch missed is logged at warning and counted in :attr:`verification`;
+* **read-your-writes**: a request with ``max_age_ms: 0`` awaits the watch's
+  barrier (``sync``) before it asks for an observation begun after it;
 * **listeners**: each new answer that is not ``scanning`` and whose
   generation differs from the previous one's goes to every listener
   (``capsuled.subscriptions``);
@@ -36,7 +42,7 @@ The watcher feeds :attr:`Discovery.changes` with changed paths under the home
 requests; ``watcher_mode`` tells Discovery what it does now. While a watcher
 runs (``native`` or ``polling``), the reader trusts it for file changes: an
 observation reads only the paths it reported and checks no other receipt
-(the watcher's periodic full rescan is the net under silent overflows; see
+(verification is the net under what a watch may lose; see
 :class:`~capsuled.reader.ActiveSessionReader`). While no watcher runs (mode
 ``off``), every observation owes a full rescan, so answers stay right at the
 cost of a walk each time.

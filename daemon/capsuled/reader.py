@@ -18,8 +18,9 @@ Departures from the seed, each allowed by SPEC §5:
 * Step 2 ("re-reads every candidate ... a re-read may be replaced by a
   ``stat`` check ... as long as the result is the same"): while a watcher
   feeds the reader (``trust_watcher``), the check is the watcher itself, and
-  only the paths it reported are read; the periodic rescan is the net under
-  silent overflows. Without one, step 2 re-checks a candidate with ``lstat``
+  only the paths it reported are read; verification (``verify_barrier_ns``)
+  is the net under what a watch may lose. Without one, step 2 re-checks a
+  candidate with ``lstat``
   (device, inode, size, ``mtime_ns``, ``ctime_ns``) and re-reads only what
   changed. A file whose timestamps were within :data:`RACY_WINDOW_NS` of the
   moment it was read is re-read anyway, because a later write in the same
@@ -515,12 +516,14 @@ class ActiveSessionReader:
     is not a rescan reads only the pending paths the watcher reported; the
     other candidates are not ``stat``-checked (SPEC §5 step 2 allows a re-read
     to be replaced by a check "as long as the result is the same": here that
-    rests on the watcher reporting every write). Kernel queue overflows are
-    silent (LIBRARY-FACTS.md): the periodic rescan is the net under silent
-    overflows (the full walk the watcher owes every ``--rescan-interval``,
-    SPEC §8), and any error of the watch itself owes a rescan at once. Without it (a library user
-    without a watcher), every observation ``stat``-checks every candidate and
-    errored receipt and re-reads what changed, as before.
+    rests on the watcher reporting every write). The watch reports its own
+    losses (an overflow or a lost watch owes a rescan at once); what it may
+    still miss silently (a rewrite through a hard link elsewhere) is found by
+    a verifying observation (``observe(verify_barrier_ns=...)``, docs/design.md
+    §5): a ``stat`` of every listed directory and every candidate, re-reading
+    only what differs. Without a watcher (a library user, or ``--watch off``),
+    every observation ``stat``-checks every candidate and errored receipt and
+    re-reads what changed.
 
     **Incremental observations.** Whatever did not change is not redone:
 
