@@ -33,11 +33,13 @@ class Seen:
         self.feed = feed
         self.paths: set[Path] = set()
         self.rescans = 0
+        self.stores = 0
 
     def take(self) -> None:
         changes = self.feed.drain()
         self.paths |= changes.paths
         self.rescans += changes.rescan
+        self.stores += changes.store
 
     def reset(self) -> None:
         self.take()
@@ -482,3 +484,59 @@ def test_watch_mode_from_flag_then_environment(
 def test_a_bad_watch_mode_is_named() -> None:
     with pytest.raises(ConfigError, match="watch must be one of native, polling, off"):
         parse_args(["--home", "/h", "--watch", "inotify"], {})
+
+
+# The native watch elsewhere (macOS) is watchfiles; on Linux it can be chosen,
+# so its feeding, its barrier and its shutdown are tested here too.
+
+
+async def test_the_watchfiles_backend_feeds_receipts_and_the_store(home: Path) -> None:
+    feed = ChangeFeed()
+    seen = Seen(feed)
+    watcher = HomeWatcher(home, feed, backend="watchfiles")
+    async with running(watcher):
+        assert watcher.status.backend == "watchfiles"
+        seen.reset()
+        receipt = home / "runs" / "run_1" / "inp_a" / "provider-clients" / "c.json"
+        write_atomically(receipt)
+        (home / "capsule.db").write_bytes(b"")
+        (home / "runtime" / "exec-processes" / ".hidden.json").write_text("{}")
+        await eventually(seen, lambda: receipt in seen.paths, "the receipt")
+        await eventually(seen, lambda: seen.stores > 0, "the store write")
+    assert seen.paths == {receipt}
+
+
+async def test_the_watchfiles_backend_barrier_covers_earlier_writes(home: Path) -> None:
+    feed = ChangeFeed()
+    watcher = HomeWatcher(home, feed, backend="watchfiles")
+    async with running(watcher):
+        for n in range(5):
+            receipt = home / "runtime" / "exec-processes" / f"e{n}.json"
+            write_atomically(receipt)
+            with anyio.fail_after(DEADLINE_S):
+                await watcher.sync()
+            assert receipt in feed.drain().paths
+    assert not list(home.glob(".capsuled-cookie-*")), "cookies are removed"
+
+
+async def test_the_watchfiles_backend_stops_fast(home: Path) -> None:
+    watcher = HomeWatcher(home, ChangeFeed(), backend="watchfiles")
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.serve)
+        cancelled_at = time.monotonic()
+        tg.cancel_scope.cancel()
+    assert time.monotonic() - cancelled_at < 0.5
+
+
+@MODES
+async def test_the_barrier_covers_every_earlier_write(home: Path, mode: str) -> None:
+    feed = ChangeFeed()
+    watcher = HomeWatcher(home, feed, mode=mode, poll_interval_s=60)  # type: ignore[arg-type]
+    async with running(watcher):
+        for n in range(20):
+            receipt = home / "runs" / "run_1" / "inp_a" / "provider-clients" / f"c{n}.json"
+            write_atomically(receipt)
+            with anyio.fail_after(DEADLINE_S):
+                await watcher.sync()
+            assert receipt in feed.drain().paths
+    assert not list(home.glob(".capsuled-cookie-*")), "cookies are removed"
