@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -354,6 +355,28 @@ def test_a_symlinked_receipt_place_is_not_followed(world: World, tmp_path: Path)
     assert snapshot.unowned == []
     assert snapshot.cost.rescans == 0
     assert snapshot.cost.receipts == 0
+
+
+def test_a_symlinked_runtime_is_not_followed_to_its_receipts(world: World, tmp_path: Path) -> None:
+    """Not the last component: ``runtime`` itself is the link."""
+    process = world.pool.start()
+    elsewhere = make_home(tmp_path / "elsewhere")
+    world.exec_receipt("exe_1", process.pid)
+    (elsewhere / "runtime").mkdir()
+    (world.home / "runtime/exec-processes").rename(elsewhere / "runtime/exec-processes")
+    (elsewhere / "runtime/opencode-servers.json").write_text(
+        f'[{{"opencode_pid": {process.pid}}}]'
+    )
+    (world.home / "runtime").rmdir()
+    (world.home / "runtime").symlink_to(elsewhere / "runtime")
+    world.reader.invalidate()
+    snapshot = world.ready()
+    assert (snapshot.unowned, snapshot.servers) == ([], [])
+    assert gaps_for(snapshot.gaps, world.home / "runtime") == ["is a symbolic link; not followed"]
+    # A verification does not mistake the linked place for a receipt directory to walk.
+    verified = world.reader.observe(verify_barrier_ns=time.time_ns())
+    assert verified.snapshot.cost.rescans == 0
+    assert verified.snapshot.discovery == "ready"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")

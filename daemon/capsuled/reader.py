@@ -759,7 +759,7 @@ class ActiveSessionReader:
         for parts in ((_RUNS,), _EXEC_PARTS):  # a root that was missing at its last walk
             root = os.path.join(self._home, *parts)
             checked += 1
-            if root not in self._listings and _is_real_directory(root):
+            if root not in self._listings and self._is_real_directory(parts):
                 self._rescan = True  # what a change to it asks, as an event would
                 if _older_than(root, barrier_ns - RACY_MARGIN_NS):
                     missed.append(root)
@@ -781,6 +781,17 @@ class ActiveSessionReader:
                 missed.append(path)
         self._recheck_servers()
         return Verified(checked, sorted(set(missed)))
+
+    def _is_real_directory(self, parts: _Parts) -> bool:
+        """Whether ``parts`` is a directory reached from the home through no symlink."""
+        for depth in range(1, len(parts) + 1):
+            try:
+                st = os.lstat(os.path.join(self._home, *parts[:depth]))
+            except OSError:
+                return False
+            if not stat.S_ISDIR(st.st_mode):
+                return False
+        return True
 
     def _matters(self, path: str) -> bool:
         """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
@@ -828,9 +839,26 @@ class ActiveSessionReader:
         self._pending.clear()
         self._listings.clear()
         self._scan(os.path.join(self._home, _RUNS), (_RUNS,))
-        self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS)
+        if self._runtime_is_real():
+            self._scan(os.path.join(self._home, *_EXEC_PARTS), _EXEC_PARTS)
         self._read_servers()
         self._rescan = False
+
+    def _runtime_is_real(self) -> bool:
+        """Whether ``runtime`` is no symlink: what is below a link is never read.
+
+        A link there is an error for its path (a gap), as a linked ``runs`` is.
+        """
+        path = os.path.join(self._home, _EXEC_PARTS[0])
+        try:
+            linked = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            linked = False
+        if linked:
+            self._set_error(path, "is a symbolic link; not followed", None, None)
+            return False
+        self._clear_error(path)
+        return True
 
     def _apply(self, path: str) -> None:
         """Bring one pending path up to date (seed 004 ``reconcile``)."""
@@ -1376,7 +1404,7 @@ class ActiveSessionReader:
         self._cost.receipts += 1
         read_ns = time.time_ns()
         try:
-            loaded = self._load(path)
+            loaded = self._load(path) if self._runtime_is_real() else None
             if loaded is None:
                 self._servers, self._servers_signature = [], None
                 self._clear_error(path)
@@ -1428,13 +1456,6 @@ class ActiveSessionReader:
             self._mutations += 1
             self._gaps_changed = True
             self._error_bytes -= _error_size(path, error.message)
-
-
-def _is_real_directory(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def _older_than(path: str, moment_ns: int) -> bool:
