@@ -1,0 +1,323 @@
+"""A real daemon on a home under adversity, and the check that it is neither deaf nor wrong.
+
+The adversity tests (``tests/integration/test_trust*.py``) build links,
+cycles, odd files, renames and kernel limits into a home served by the real
+``capsuled``; after each one, :meth:`Trusted.check` writes receipts for a live
+``sleep`` into the home's real receipt directories and asserts that
+
+* a plain ``sessions.snapshot`` shows them within the watch's latency
+  (:data:`WATCH_LATENCY_S`): the watch still hears;
+* the next ``sessions.snapshot {"max_age_ms": 0}`` shows them too
+  (read-your-writes), ``ready``;
+* both answers list exactly the receipts the test wrote into real
+  directories, each once, at its real path: nothing seen through a link;
+* the watch still runs in the mode it was started in, and the directories it
+  watches (or polls) are exactly the real directories the home's layout
+  enters, counted here by an ``lstat`` walk that shares no code with the
+  daemon (docs/design.md §2, §8 "The watch").
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final, TypeVar
+
+from support import DaemonProcess, wait_until
+
+from capsule_client import Client
+from capsule_client.protocol import ActiveSessionsSnapshot, WatchStatus
+from capsule_client.receipts import (
+    process_start_time,
+    write_exec_receipt,
+    write_provider_client_receipt,
+)
+
+T = TypeVar("T")
+
+#: Both watch modes; every adversity case runs in each.
+MODES: Final = ("native", "polling")
+#: How long a receipt written into a real directory may take to reach a plain answer.
+WATCH_LATENCY_S: Final = 2.0
+#: ``--poll-interval`` in polling mode: a tenth of the default, to keep the catalogue short.
+POLL_INTERVAL_S: Final = 0.1
+#: The run and input that always exist as real directories.
+REAL_RUN: Final = "r_real"
+REAL_INPUT: Final = "inp_real"
+EXEC_DIR: Final = ("runtime", "exec-processes")
+
+
+def receipts_of(answer: ActiveSessionsSnapshot) -> list[str]:
+    """Every receipt the answer lists (sessions and unowned), sorted; duplicates kept."""
+    processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
+    return sorted(p.receipt for p in processes if isinstance(p.receipt, str))
+
+
+def _is_real_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _real_children(path: Path) -> list[Path]:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    return [path / n for n in names if not n.startswith(".") and _is_real_directory(path / n)]
+
+
+def walked_directories(home: Path) -> int:
+    """Real directories a walk lists: ``runs`` and three levels below, ``provider-clients``
+    below an input, ``runtime/exec-processes``; never through a link."""
+    count = 0
+    runtime = home / "runtime"
+    if _is_real_directory(runtime) and _is_real_directory(runtime / "exec-processes"):
+        count += 1
+    runs = home / "runs"
+    if not _is_real_directory(runs):
+        return count
+    count += 1
+    for run in _real_children(runs):
+        count += 1
+        for input_dir in _real_children(run):
+            count += 1
+            if _is_real_directory(input_dir / "provider-clients"):
+                count += 1
+    return count
+
+
+def entered_directories(home: Path) -> int:
+    """Real directories the watch enters: the walked ones, the home and ``runtime``."""
+    return 1 + int(_is_real_directory(home / "runtime")) + walked_directories(home)
+
+
+def links_under(root: Path) -> list[Path]:
+    """Every symbolic link below ``root`` (never followed), deepest first."""
+    found: list[Path] = []
+    for directory, names, files in os.walk(root):  # os.walk does not follow links
+        found.extend(
+            Path(directory, n) for n in [*names, *files] if Path(directory, n).is_symlink()
+        )
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+def settles(
+    fetch: Callable[[], T], wanted: Callable[[T], bool], *, timeout_s: float, what: str
+) -> T:
+    """Fetch until ``wanted`` holds; fail after ``timeout_s`` showing the last value fetched."""
+    last: list[T] = []
+
+    def holds() -> bool:
+        last[:] = [fetch()]
+        return wanted(last[0])
+
+    try:
+        wait_until(holds, timeout_s=timeout_s, message=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {last[0] if last else None!r}") from None
+    return last[0]
+
+
+class Trusted:
+    """A home with real receipt directories, a live ``sleep``, and the daemon serving it.
+
+    Args:
+        root: a short directory; the home is ``root/home``, and ``root/outside``
+            is a place outside the home for link targets.
+        sleeper: a live process the receipts point at.
+        mode: ``native`` or ``polling``.
+        args: more daemon arguments.
+
+    Attributes:
+        expected: the receipts (paths relative to the home) that every answer
+            must list, each once; the test adds what it writes into real
+            directories for live processes, and removes what it kills or moves.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        sleeper: subprocess.Popen[bytes],
+        mode: str,
+        args: Sequence[str] = (),
+        daemon_class: type[DaemonProcess] = DaemonProcess,
+    ) -> None:
+        self.root = root
+        self.home = root / "home"
+        self.outside = root / "outside"
+        self.mode = mode
+        self.sleeper = sleeper
+        self.started_at_s = process_start_time(sleeper.pid)
+        self.expected: set[str] = set()
+        self.probes = 0
+        for directory in (
+            self.home / "runs" / REAL_RUN / REAL_INPUT / "provider-clients",
+            self.home.joinpath(*EXEC_DIR),
+            self.home / "sessions",
+            self.outside,
+        ):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        polling = ["--poll-interval", str(POLL_INTERVAL_S)] if mode == "polling" else []
+        self.daemon = daemon_class(
+            self.home, root / "t.sock", ["--watch", mode, "--log-level", "info", *polling, *args]
+        )
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        assert self._client is not None, "the daemon is not started"
+        return self._client
+
+    def start(self) -> None:
+        """Start the daemon and wait for its first ``ready`` answer."""
+        self.daemon.start()
+        self._client = Client(self.daemon.socket_path)
+        answer = self.client.snapshot(max_age_ms=0)
+        assert answer.discovery == "ready", answer.gaps
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self.daemon.__exit__()
+
+    # ------------------------------------------------------------------
+    # Writing receipts
+
+    def relative(self, path: Path) -> str:
+        return str(path.relative_to(self.home))
+
+    def exec_receipt(self, exec_id: str, *, home: Path | None = None, pid: int = 0) -> Path:
+        """An exec receipt for ``pid`` (the sleeper by default); expected when in the home."""
+        path = write_exec_receipt(
+            home or self.home,
+            exec_id,
+            pid or self.sleeper.pid,
+            started_at_s=self.started_at_s if not pid else None,
+        )
+        if home is None:
+            self.expected.add(self.relative(path))
+        return path
+
+    def client_receipt(
+        self, run: str, input_id: str, client: str, *, home: Path | None = None, pid: int = 0
+    ) -> Path:
+        """A provider-client receipt for ``pid`` (the sleeper); expected when in the home."""
+        path = write_provider_client_receipt(
+            home or self.home,
+            run,
+            input_id,
+            client,
+            pid or self.sleeper.pid,
+            started_at_s=self.started_at_s if not pid else None,
+        )
+        if home is None:
+            self.expected.add(self.relative(path))
+        return path
+
+    def forget_under(self, relative: str) -> None:
+        """The receipts below ``relative`` are no longer expected (moved away, removed)."""
+        self.expected = {r for r in self.expected if not r.startswith(relative + "/")}
+
+    # ------------------------------------------------------------------
+    # The check
+
+    def exact(self, answer: ActiveSessionsSnapshot) -> bool:
+        return answer.discovery == "ready" and receipts_of(answer) == sorted(self.expected)
+
+    def plain(self, what: str = "the receipts") -> ActiveSessionsSnapshot:
+        """A plain answer listing exactly :attr:`expected`, within the watch's latency."""
+        return settles(self.client.snapshot, self.exact, timeout_s=WATCH_LATENCY_S, what=what)
+
+    def fresh(self) -> ActiveSessionsSnapshot:
+        """The next read-your-writes answer; it must list exactly :attr:`expected`."""
+        answer = self.client.snapshot(max_age_ms=0)
+        assert answer.discovery == "ready", answer.gaps
+        assert receipts_of(answer) == sorted(self.expected), answer
+        return answer
+
+    def watch(self) -> WatchStatus:
+        watch = self.client.status().watch
+        assert watch is not None
+        return watch
+
+    def check_directories(self) -> WatchStatus:
+        """The watch runs in its mode and covers exactly the real entered directories."""
+
+        def covers(watch: WatchStatus) -> bool:
+            entered = entered_directories(self.home)
+            if self.mode == "native":
+                return (watch.mode, watch.backend, watch.polled_directories) == (
+                    "native",
+                    "inotify",
+                    0,
+                ) and watch.watched_directories == entered
+            return (watch.mode, watch.backend) == (
+                "polling",
+                "lstat",
+            ) and watch.polled_directories == entered
+
+        return settles(
+            self.watch, covers, timeout_s=WATCH_LATENCY_S, what="the watch to cover the home"
+        )
+
+    def real(self, relative: str) -> bool:
+        """Whether every component of ``relative`` below the home is a real directory."""
+        path = self.home
+        for part in Path(relative).parts:
+            path = path / part
+            if not _is_real_directory(path):
+                return False
+        return True
+
+    def probe(self, name: str) -> None:
+        """Receipts for the sleeper in each real receipt directory that is one now."""
+        real_clients = f"runs/{REAL_RUN}/{REAL_INPUT}/provider-clients"
+        if self.real(real_clients):
+            self.client_receipt(REAL_RUN, REAL_INPUT, name)
+        if self.real("/".join(EXEC_DIR)):
+            self.exec_receipt(f"exe_{name}")
+        assert self.real(real_clients) or self.real("/".join(EXEC_DIR)), "nowhere to probe"
+
+    def check(self) -> ActiveSessionsSnapshot:
+        """Neither deaf nor wrong: new receipts in real directories are seen, and only they.
+
+        Returns:
+            the read-your-writes answer.
+        """
+        self.probes += 1
+        # Heard by the watch: a plain answer, within the watch's latency.
+        self.probe(f"heard{self.probes}")
+        self.plain(f"probe {self.probes} in a plain answer")
+        # Read-your-writes: the very next answer with max_age_ms 0.
+        self.probe(f"fresh{self.probes}")
+        answer = self.fresh()
+        self.check_directories()
+        return answer
+
+
+@contextmanager
+def trusted(
+    root: Path,
+    sleeper: subprocess.Popen[bytes],
+    mode: str,
+    args: Sequence[str] = (),
+    *,
+    before_start: Callable[[Trusted], None] | None = None,
+    daemon_class: type[DaemonProcess] = DaemonProcess,
+) -> Iterator[Trusted]:
+    """A started :class:`Trusted`; ``before_start`` runs on its home before the daemon starts."""
+    home = Trusted(root, sleeper, mode, args, daemon_class)
+    try:
+        if before_start is not None:
+            before_start(home)
+        home.start()
+        yield home
+    finally:
+        home.close()
