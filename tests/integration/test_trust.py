@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -504,3 +505,58 @@ def test_a_receipt_directory_that_is_a_link_is_read_once_it_is_real(
             if path.is_file() and path.name != "opencode-servers.json"
         }
         assert servers(t.check()) == [t.sleeper.pid]
+
+
+# --------------------------------------------------------------------------
+# An idle daemon sleeps (docs/design.md §8)
+
+IDLE_WINDOW_S = 2.0
+
+
+def read_everything(root: Path, stop: threading.Event) -> int:
+    """What a backup or a ``grep -r`` does to the home: list, stat and read every file."""
+    reads = 0
+    while not stop.is_set():
+        for directory, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(directory, name)
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    with open(path, "rb") as file:
+                        file.read()
+                    reads += 1
+    return reads
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_idle_daemon_observes_nothing_while_another_program_reads_the_home(
+    short_dir: Path, pool: Sleepers, mode: str
+) -> None:
+    with trusted(short_dir, pool.start(), mode) as t:
+        cwd_to_the_home(t)
+        links_to_their_own_directory(t)
+        cycles_and_dangling_links(t)
+        t.check()
+        counts: list[int] = []
+
+        def settled() -> bool:
+            counts.append(t.client.status().totals.observations)
+            return len(counts) >= 2 and counts[-1] == counts[-2]
+
+        # What the check's writes caused is over once two looks 0.25 s apart agree.
+        wait_until(settled, timeout_s=5, interval_s=0.25, message="the observations to settle")
+        before = t.client.status()
+        stop = threading.Event()
+        reads: list[int] = []
+        reader = threading.Thread(target=lambda: reads.append(read_everything(t.home, stop)))
+        reader.start()
+        try:
+            time.sleep(IDLE_WINDOW_S)  # a negative claim: nothing happens over a window
+        finally:
+            stop.set()
+            reader.join(timeout=10)
+        after = t.client.status()
+        assert reads and reads[0] > 0
+        assert after.totals.observations == before.totals.observations
+        assert after.totals.rescans == before.totals.rescans
+        assert after.watch == before.watch
+        t.check()  # and it still hears
