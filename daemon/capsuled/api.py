@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
 
 import anyio
+import msgspec
 import structlog
 
 from capsule_client.paths import records_root
@@ -106,7 +107,9 @@ class Api:
             pidfds=daemon.sessions.exits.held,
             long_polls=daemon.sessions.long_polls,
             watch=daemon.watcher.status,
-            verification=daemon.sessions.verification,
+            verification=daemon.sessions.verification
+            if daemon.watcher_mode != "off"
+            else msgspec.structs.replace(daemon.sessions.verification, interval_s=None),
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:

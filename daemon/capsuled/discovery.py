@@ -611,8 +611,15 @@ class Discovery:
         return latest
 
     def _max_age_s(self, params: SnapshotParams) -> float:
-        """How old an answer ``params`` accepts (default: the sample interval), seconds."""
-        return self.sample_interval_s if params.max_age_ms is None else params.max_age_ms / 1000
+        """How old an answer ``params`` accepts, seconds.
+
+        By default any age while the watch and the exit events keep the latest
+        answer current (nothing pending is checked apart); the sample interval
+        where something can change unannounced (:attr:`needs_sampling`).
+        """
+        if params.max_age_ms is not None:
+            return params.max_age_ms / 1000
+        return self.sample_interval_s if self.needs_sampling else math.inf
 
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.

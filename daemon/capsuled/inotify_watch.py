@@ -170,9 +170,10 @@ class InotifyWatch:
 
         Raises:
             OSError: the home cannot be watched.
+            WatchLost: the home went away meanwhile.
         """
         if self._add(()) is None:
-            raise OSError(errno.ENOENT, "the home is not a directory that can be watched")
+            raise WatchLost("the home went away as its watch started")
         self._add_below(())
 
     def _add(self, parts: Parts) -> int | None:
@@ -197,10 +198,10 @@ class InotifyWatch:
         try:
             wd = int(self._inotify.add_watch(path, mask))
         except OSError as exc:
-            if exc.errno in _NOT_A_DIRECTORY or not parts:
-                if parts:
-                    return None
-                raise
+            if exc.errno in _NOT_A_DIRECTORY:
+                return None  # gone, or a link now
+            if not parts:
+                raise  # the home cannot be watched: the caller polls instead
             self._poll_instead(parts, exc)
             return None
         known = self._paths.get(wd)

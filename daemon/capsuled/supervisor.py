@@ -193,7 +193,8 @@ class Daemon:
                     home=str(self.config.home),
                     socket_activated=listening.activated,
                 )
-                tg.start_soon(self._tell_service_manager)
+                if self.notifier.address is not None:
+                    tg.start_soon(self._tell_service_manager)
                 task_status.started()
                 await self._shutdown.wait()
                 self.notifier.stopping("shutting down: finishing requests in flight")

@@ -175,6 +175,7 @@ class HomeWatcher:
         self._home_wait_interval_s = home_wait_interval_s
         self._rescan_at_start = rescan_at_start
         self._watch: _Watch | None = None
+        self._watching = False  # the current watch has started and runs
         self._overflows = 0  # of watches before the current one
         self._failures = 0
 
@@ -194,12 +195,18 @@ class HomeWatcher:
     async def sync(self) -> None:
         """Return once every change made before the call has been fed (read-your-writes).
 
-        A cookie through a native watch, a poll pass while polling; at once
-        when nothing runs (mode ``off``: every observation walks).
+        A cookie through a native watch, a poll pass while polling. While no
+        watch runs (the home is missing, a watch is restarting) nothing would
+        report what was written meanwhile: the next observation is made to walk
+        instead. At once in mode ``off``, where every observation walks.
         """
         watch = self._watch
-        if watch is not None:
-            await watch.sync()
+        if self.mode == "off":
+            return
+        if watch is None or not self._watching:
+            self._feed.request_rescan()
+            return
+        await watch.sync()
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch the home until cancelled.
@@ -217,6 +224,7 @@ class HomeWatcher:
 
         def started() -> None:
             nonlocal reported
+            self._watching = True
             self.starts += 1
             self._failures = 0
             if self.starts > 1 or self._rescan_at_start:
@@ -251,6 +259,7 @@ class HomeWatcher:
             except OSError as exc:
                 self._cannot_start(exc)
             finally:
+                self._watching = False
                 self._overflows += watch.overflows
                 self._watch = None
 
