@@ -160,7 +160,7 @@ class Context:
     verbose: bool = True
     resources: ExitStack = field(default_factory=ExitStack)
     _started: float = field(default_factory=time.monotonic)
-    _homes: dict[int, GeneratedHome] = field(default_factory=dict)
+    _homes: dict[tuple[int, int], GeneratedHome] = field(default_factory=dict)
     _pool: SleepPool | None = None
 
     def sleep_pool(self) -> SleepPool:
@@ -172,22 +172,25 @@ class Context:
             self.resources.callback(self._pool.close)
         return self._pool
 
-    def home(self, receipts: int) -> GeneratedHome:
-        """A generated home with ``receipts`` live receipts, made once per size and shared.
+    def home(self, receipts: int, *, stale: int = 0) -> GeneratedHome:
+        """A generated home of ``receipts`` live and ``stale`` stale receipts, made once and shared.
 
-        Scenarios must not change it (scenario 3 changes one receipt's
+        Scenarios must not change it for good (scenario 3 changes one receipt's
         content and writes it back the same, which keeps it equivalent).
         """
-        if receipts not in self._homes:
+        key = (receipts, stale)
+        if key not in self._homes:
             from benchmarks.homes import generate_home
 
-            self.log(f"generating a home of {receipts:,} receipts")
+            what = f"{receipts:,} live" + (f" and {stale:,} stale" if stale else "")
+            self.log(f"generating a home of {what} receipts")
             started = time.monotonic()
-            self._homes[receipts] = generate_home(
-                self.workdir / f"home{receipts}", receipts, self.sleep_pool()
+            name = f"home{receipts}" + (f"s{stale}" if stale else "")
+            self._homes[key] = generate_home(
+                self.workdir / name, receipts, self.sleep_pool(), stale=stale
             )
             self.log(f"generated in {time.monotonic() - started:.1f} s")
-        return self._homes[receipts]
+        return self._homes[key]
 
     def size(self, *, quick: T, full: T) -> T:
         """``quick`` in quick mode, else ``full``."""

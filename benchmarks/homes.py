@@ -3,9 +3,15 @@
 A home of ``n`` receipts holds about half provider-client receipts (10 per
 input, 100 inputs per run) and half exec receipts (one flat
 ``runtime/exec-processes/`` directory), and an ownership store in which 100
-sessions own every input and exec. Every receipt names one of ~50 real
-``sleep`` processes with its real start time, so every receipt is live and
-retained by the reader.
+sessions own every input and exec. A live receipt names one of ~50 real
+``sleep`` processes with its real start time, so the reader retains it.
+
+A home may also hold *stale* receipts, spread evenly among the live ones (a
+realistic home: a few live receipts among many left by processes that are
+gone). Half of them name a process that has exited (started, recorded and
+reaped when the pool was made), with its real start time; the other half name
+a running ``sleep`` of the pool with a start time a day too early (a reused
+pid). Both are what the reader must drop as stale.
 
 Receipts are encoded with the writer kit's own structs
 (``capsule_client.receipts``), but written without the kit's ``fsync``s and
@@ -32,6 +38,10 @@ __all__ = ["GeneratedHome", "SleepPool", "generate_home", "start_time_s"]
 CLIENTS_PER_INPUT = 10
 INPUTS_PER_RUN = 100
 SESSIONS = 100
+#: Processes that exited, named by half of the stale receipts.
+EXITED_PROCESSES = 50
+#: How much too early the other stale receipts' start times are, seconds.
+REUSED_PID_SHIFT_S = 86_400.0
 
 
 def start_time_s(pid: int) -> float:
@@ -42,13 +52,30 @@ def start_time_s(pid: int) -> float:
 
 
 class SleepPool:
-    """``count`` real ``sleep`` processes that receipts can name; killed by :meth:`close`."""
+    """``count`` real ``sleep`` processes that receipts can name; killed by :meth:`close`.
 
-    def __init__(self, count: int) -> None:
+    Attributes:
+        processes: the running ``sleep`` processes.
+        starts: their start times, by pid.
+        exited: ``(pid, start time)`` of :data:`EXITED_PROCESSES` processes
+            that ran and were reaped (with ``exited=True``; else empty).
+    """
+
+    def __init__(self, count: int, *, exited: bool = True) -> None:
         self.processes = [
             subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL) for _ in range(count)
         ]
         self.starts = {p.pid: start_time_s(p.pid) for p in self.processes}
+        self.exited: list[tuple[int, float]] = []
+        if exited:
+            gone = [
+                subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL)
+                for _ in range(EXITED_PROCESSES)
+            ]
+            self.exited = [(p.pid, start_time_s(p.pid)) for p in gone]
+            for process in gone:
+                process.kill()
+                process.wait(timeout=10)
 
     @property
     def pids(self) -> list[int]:
@@ -74,6 +101,7 @@ class GeneratedHome:
         exec_receipts: of which exec receipts.
         directories: directories created under the home.
         bytes: receipt bytes written.
+        live: of the receipts, those whose process runs (the reader retains them).
     """
 
     home: Path
@@ -82,6 +110,12 @@ class GeneratedHome:
     exec_receipts: int
     directories: int
     bytes: int
+    live: int
+
+    @property
+    def stale(self) -> int:
+        """Receipts whose process is gone or whose pid was reused."""
+        return self.receipts - self.live
 
 
 def _mkdir(path: Path) -> None:
@@ -96,8 +130,30 @@ def _write(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
-    """Write ``n`` live receipts and their ownership under a new ``home``.
+class _Names:
+    """Which process receipt ``j`` of ``total`` names: ``live`` of them spread evenly."""
+
+    def __init__(self, pool: SleepPool, live: int, total: int) -> None:
+        self.pids = pool.pids
+        self.starts = pool.starts
+        self.exited = pool.exited
+        self.live = live
+        self.total = total
+        if live < total and not self.exited:
+            raise ValueError("stale receipts need a pool made with exited=True")
+
+    def __call__(self, j: int) -> tuple[int, float]:
+        if (j * self.live) // self.total != ((j + 1) * self.live) // self.total:
+            pid = self.pids[j % len(self.pids)]
+            return pid, self.starts[pid]
+        if j % 2:
+            return self.exited[(j // 2) % len(self.exited)]
+        pid = self.pids[(j // 2) % len(self.pids)]
+        return pid, self.starts[pid] - REUSED_PID_SHIFT_S
+
+
+def generate_home(home: Path, n: int, pool: SleepPool, *, stale: int = 0) -> GeneratedHome:
+    """Write ``n`` live and ``stale`` stale receipts and their ownership under a new ``home``.
 
     Raises:
         FileExistsError: ``home`` exists.
@@ -107,9 +163,10 @@ def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
     from capsule_client.store import OwnershipStore
 
     encode = msgspec.json.Encoder().encode
-    pids = pool.pids
-    n_provider = n // 2
-    n_exec = n - n_provider
+    total = n + stale
+    names = _Names(pool, n, max(total, 1))
+    n_provider = total // 2
+    n_exec = total - n_provider
     _mkdir(home)
     directories = 0
     written = 0
@@ -130,11 +187,11 @@ def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
             clients_dir = run_dir / input_id / "provider-clients"
             _mkdir(clients_dir)
             directories += 2
-        pid = pids[i % len(pids)]
+        pid, started = names(i)
         receipt = ProviderClientReceipt(
             schema_version=1,
             pid=pid,
-            started_at=datetime.fromtimestamp(pool.starts[pid], tz=UTC),
+            started_at=datetime.fromtimestamp(started, tz=UTC),
             provider="opencode",
         )
         data = encode(receipt)
@@ -148,12 +205,12 @@ def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
     for i in range(n_exec):
         exec_id = f"exe_{i:07d}"
         execs.append(exec_id)
-        pid = pids[i % len(pids)]
+        pid, started = names(n_provider + i)
         receipt_e = ExecReceipt(
             schema_version=1,
             exec_id=exec_id,
             pid=pid,
-            started_at=round(pool.starts[pid]),
+            started_at=round(started),
             command=f"pytest tests/test_{i % 97}.py -q",
         )
         data = encode(receipt_e)
@@ -161,7 +218,7 @@ def generate_home(home: Path, n: int, pool: SleepPool) -> GeneratedHome:
         written += len(data)
     OwnershipStore(store_path(home)).close()  # the kit creates the schema and user_version
     _fill_store(store_path(home), inputs, execs)
-    return GeneratedHome(home, n, n_provider, n_exec, directories, written)
+    return GeneratedHome(home, total, n_provider, n_exec, directories, written, n)
 
 
 def _fill_store(path: Path, inputs: list[str], execs: list[str]) -> None:
