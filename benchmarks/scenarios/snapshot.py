@@ -1,17 +1,24 @@
 """Scenario 1: ``sessions.snapshot`` latency with nothing changing, against a naive walk.
 
-For each size a daemon serves a generated home (every receipt live, sharing
-~50 ``sleep`` processes). Once its answer is ``ready`` and lists every
-receipt, one client sends the requests back to back and times each reply
-(bytes in, bytes out: no client-side decoding). The naive baseline
-(:mod:`benchmarks.naive`) runs in the benchmark's own process on the same
-home, fewer times at large sizes because each query takes seconds.
+Two kinds of home at each size. In the *all live* homes every receipt is
+live (sharing ~50 ``sleep`` processes), so each answer lists every receipt
+and the reply grows with the home: 16.5 MiB at 100k. The *realistic* homes
+hold 100 live receipts among 1k, 10k or 100k stale ones (processes that
+exited, pids reused), as a home looks after a while: the answer stays
+small, and what grows is only what the daemon keeps.
+
+For each home a daemon serves it. Once its answer is ``ready`` and lists
+every live receipt, one client sends the requests back to back and times
+each reply (bytes in, bytes out: no client-side decoding). The naive
+baseline (:mod:`benchmarks.naive`) runs in the benchmark's own process on
+the same home, fewer times at large sizes because each query takes seconds.
 
 Beside it, the transfer floor: after the daemon has stopped, a bare server
 process (:mod:`benchmarks.reply_server`) answers the same client's requests
 with the daemon's last reply, byte for byte, timed the same way. The daemon's
 p50 minus the floor's p50 is the part of its time that is not moving the
-reply's bytes. The targets are judged on the daemon's numbers alone.
+reply's bytes. The growth target is judged on the realistic homes' p50, and
+on the all-live homes' p50 above the floor (their reply alone grows 100x).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -26,6 +34,7 @@ import msgspec
 
 from benchmarks.daemon import DaemonProcess, wait_for_socket
 from benchmarks.harness import ROOT, Context, Outcome, Table, judge, require_modules
+from benchmarks.homes import GeneratedHome
 from benchmarks.naive import naive_live_receipts
 from benchmarks.rawclient import RawClient, request_line
 from benchmarks.stats import Summary, fmt_bytes, fmt_count, fmt_ratio, fmt_s, summarize, time_calls
@@ -35,6 +44,7 @@ __all__ = ["run", "wait_for_answer"]
 P99_TARGET_S = 0.002
 NAIVE_RATIO_TARGET = 100.0
 GROWTH_TARGET = 1.5
+REALISTIC_LIVE = 100
 SNAPSHOT = request_line("sessions.snapshot")
 
 
@@ -65,14 +75,13 @@ def wait_for_answer(client: RawClient, receipts: int, timeout_s: float) -> dict[
         time.sleep(0.05)
 
 
-def _measure_daemon(ctx: Context, receipts: int, requests: int) -> tuple[Summary, bytes, str]:
-    home = ctx.home(receipts)
-    scratch = ctx.scratch(f"snapshot{receipts}")
+def _measure_daemon(ctx: Context, home: GeneratedHome, requests: int) -> tuple[Summary, bytes, str]:
+    scratch = ctx.scratch(f"snapshot{home.live}s{home.stale}")
     with (
         DaemonProcess(home.home, scratch / "d.sock") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
-        first = wait_for_answer(client, receipts, timeout_s=ctx.size(quick=30.0, full=600.0))
+        first = wait_for_answer(client, home.live, timeout_s=ctx.size(quick=30.0, full=600.0))
         for _ in range(min(20, requests)):  # warm-up
             client.request(SNAPSHOT)
         errors: list[bytes] = []
@@ -93,7 +102,7 @@ def _measure_daemon(ctx: Context, receipts: int, requests: int) -> tuple[Summary
     return summarize(samples), last_reply, steady
 
 
-def _measure_floor(ctx: Context, receipts: int, reply: bytes, requests: int) -> Summary:
+def _measure_floor(ctx: Context, name: str, reply: bytes, requests: int) -> Summary:
     """The p50 and p99 of ``reply`` (plus ``\\n``) sent by a bare server to a :class:`RawClient`.
 
     Timed as the daemon's requests are: the same request line, from its send to
@@ -102,7 +111,7 @@ def _measure_floor(ctx: Context, receipts: int, reply: bytes, requests: int) -> 
     Raises:
         RuntimeError: the server did not start, or a reply was not ``reply``'s size.
     """
-    scratch = ctx.scratch(f"floor{receipts}")
+    scratch = ctx.scratch(f"floor{name}")
     reply_file = scratch / "reply.json"
     reply_file.write_bytes(reply + b"\n")
     socket_path = scratch / "r.sock"
@@ -136,104 +145,143 @@ def _fmt_signed_s(seconds: float) -> str:
     return f"-{fmt_s(-seconds)}" if seconds < 0 else fmt_s(seconds)
 
 
-def _growth_note(sizes: tuple[int, ...], beyond_floor: dict[int, float]) -> str:
-    first, last = beyond_floor[sizes[0]], beyond_floor[sizes[-1]]
-    change = f"{_fmt_signed_s(first)} -> {_fmt_signed_s(last)}"
-    if first > 0 and last > 0:
-        change = f"{fmt_ratio(last / first)} ({change})"
-    else:  # within the noise of the two p50s: a ratio would mean nothing
-        change += ", no ratio: one of them is not above 0"
-    return (
-        f"Daemon p50 minus floor p50, {sizes[0]:,} -> {sizes[-1]:,} receipts: {change}. "
-        "The growth target is still judged on the daemon's p50 alone."
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One home's figures."""
+
+    home: GeneratedHome
+    reply_bytes: int
+    ours: Summary
+    naive: Summary
+    floor: Summary
+
+    @property
+    def size(self) -> int:
+        """The size it stands for: stale receipts in a realistic home, else all receipts."""
+        return self.home.stale if self.home.stale else self.home.receipts
+
+    @property
+    def ratio(self) -> float:
+        return self.naive.p50_s / self.ours.p50_s
+
+    @property
+    def beyond_floor_s(self) -> float:
+        return self.ours.p50_s - self.floor.p50_s
+
+    def cells(self) -> list[str]:
+        return [
+            fmt_count(self.size),
+            fmt_bytes(self.reply_bytes),
+            f"{fmt_s(self.ours.p50_s)} / {fmt_s(self.ours.p99_s)} (n={self.ours.n})",
+            f"{fmt_s(self.naive.p50_s)} / {fmt_s(self.naive.p99_s)} (n={self.naive.n})",
+            fmt_ratio(self.ratio),
+            f"{fmt_s(self.floor.p50_s)} (n={self.floor.n})",
+            _fmt_signed_s(self.beyond_floor_s),
+        ]
+
+
+_COLUMNS = [
+    "reply size",
+    "daemon p50 / p99",
+    "naive p50 / p99",
+    "naive / daemon (p50)",
+    "transfer floor p50",
+    "daemon p50 - floor p50",
+]
+
+
+def _measure(ctx: Context, home: GeneratedHome, naive_queries: int, notes: list[str]) -> _Row:
+    requests = ctx.size(quick=200, full=1000)
+    floor_requests = ctx.size(quick=100, full=300)
+    ours, reply, steady = _measure_daemon(ctx, home, requests)
+    floor = _measure_floor(ctx, f"{home.live}s{home.stale}", reply, floor_requests)
+    found = naive_live_receipts(home.home)  # also warms the page cache
+    if found != home.live:
+        raise RuntimeError(f"the naive walk found {found} live receipts, not {home.live}")
+    naive = summarize(time_calls(partial(naive_live_receipts, home.home), naive_queries))
+    row = _Row(home, len(reply), ours, naive, floor)
+    what = f"{home.live:,} live" + (f" among {home.stale:,} stale" if home.stale else "")
+    ctx.log(
+        f"1: {what}: daemon p50 {fmt_s(ours.p50_s)} p99 {fmt_s(ours.p99_s)}, "
+        f"naive p50 {fmt_s(naive.p50_s)} ({fmt_ratio(row.ratio)}), "
+        f"floor p50 {fmt_s(floor.p50_s)} for {fmt_bytes(len(reply) + 1)}"
     )
+    if steady != "steady":
+        notes.append(f"With {what} receipts the answer moved while measured: {steady}.")
+    return row
+
+
+def _floor_growth(first: _Row, last: _Row) -> tuple[str, bool]:
+    """The all-live homes' p50 above the floor, smallest -> largest: the text and the verdict."""
+    before, after = first.beyond_floor_s, last.beyond_floor_s
+    change = f"{_fmt_signed_s(before)} -> {_fmt_signed_s(after)}"
+    if after <= 0:
+        return f"{change}: nothing above the floor at {last.size:,}", True
+    if before <= 0:
+        return f"{change}: above the floor only at {last.size:,}", False
+    growth = after / before
+    return f"{fmt_ratio(growth)} ({change})", growth <= GROWTH_TARGET
 
 
 def run(ctx: Context) -> Outcome:
-    """Daemon and naive latency at each size; judge p99, the ratio and the growth."""
+    """Daemon and naive latency at each size, all live and realistic; judge p99, ratio, growth."""
     require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
     sizes = ctx.size(quick=(200, 1000), full=(1000, 10_000, 100_000))
-    requests = ctx.size(quick=200, full=1000)
-    floor_requests = ctx.size(quick=100, full=300)
     naive_queries = ctx.size(quick={200: 20, 1000: 10}, full={1000: 100, 10_000: 20, 100_000: 5})
-    rows: list[list[str]] = []
-    daemon_p50: dict[int, float] = {}
-    daemon_p99: dict[int, float] = {}
-    ratios: dict[int, float] = {}
-    beyond_floor: dict[int, float] = {}
+    naive_realistic = ctx.size(quick={200: 10, 1000: 5}, full={1000: 50, 10_000: 10, 100_000: 3})
     notes: list[str] = []
-    for receipts in sizes:
-        ours, reply, steady = _measure_daemon(ctx, receipts, requests)
-        floor = _measure_floor(ctx, receipts, reply, floor_requests)
-        beyond_floor[receipts] = ours.p50_s - floor.p50_s
-        home = ctx.home(receipts).home
-        found = naive_live_receipts(home)  # also warms the page cache
-        if found != receipts:
-            raise RuntimeError(f"the naive walk found {found} live receipts, not {receipts}")
-        naive = summarize(time_calls(partial(naive_live_receipts, home), naive_queries[receipts]))
-        ratio = naive.p50_s / ours.p50_s
-        daemon_p50[receipts], daemon_p99[receipts], ratios[receipts] = (
-            ours.p50_s,
-            ours.p99_s,
-            ratio,
-        )
-        ctx.log(
-            f"1: {receipts:,} receipts: daemon p50 {fmt_s(ours.p50_s)} p99 {fmt_s(ours.p99_s)}, "
-            f"naive p50 {fmt_s(naive.p50_s)} ({fmt_ratio(ratio)}), "
-            f"floor p50 {fmt_s(floor.p50_s)} for {fmt_bytes(len(reply) + 1)}"
-        )
-        if steady != "steady":
-            notes.append(f"At {receipts:,} receipts the answer moved while measured: {steady}.")
-        rows.append(
-            [
-                fmt_count(receipts),
-                fmt_bytes(len(reply)),
-                f"{fmt_s(ours.p50_s)} / {fmt_s(ours.p99_s)} (n={ours.n})",
-                f"{fmt_s(naive.p50_s)} / {fmt_s(naive.p99_s)} (n={naive.n})",
-                fmt_ratio(ratio),
-                f"{fmt_s(floor.p50_s)} (n={floor.n})",
-                _fmt_signed_s(beyond_floor[receipts]),
-            ]
-        )
-    at = min(sizes, key=lambda size: abs(size - 10_000))
-    growth = daemon_p50[sizes[-1]] / daemon_p50[sizes[0]]
-    worst = min(ratios, key=lambda size: ratios[size])
+    live = [_measure(ctx, ctx.home(n), naive_queries[n], notes) for n in sizes]
+    realistic = [
+        _measure(ctx, ctx.home(REALISTIC_LIVE, stale=n), naive_realistic[n], notes) for n in sizes
+    ]
+    at = min(live, key=lambda row: abs(row.size - 10_000))
+    worst = min([*live, *realistic], key=lambda row: row.ratio)
+    growth = realistic[-1].ours.p50_s / realistic[0].ours.p50_s
+    floor_text, floor_ok = _floor_growth(live[0], live[-1])
     verdicts = [
         judge(
             "p99 <= 2 ms at 10k receipts",
-            f"{fmt_s(daemon_p99[at])} at {at:,}",
-            daemon_p99[at] <= P99_TARGET_S,
+            f"{fmt_s(at.ours.p99_s)} at {at.size:,}, all live",
+            at.ours.p99_s <= P99_TARGET_S,
         ),
         judge(
             ">= 100x faster than the naive p50",
-            f"{fmt_ratio(ratios[worst])} at {worst:,} (lowest)",
-            ratios[worst] >= NAIVE_RATIO_TARGET,
+            f"{fmt_ratio(worst.ratio)} at {worst.size:,}"
+            + (" stale" if worst.home.stale else ", all live")
+            + " (lowest)",
+            worst.ratio >= NAIVE_RATIO_TARGET,
         ),
         judge(
-            "p50 growth 1k -> 100k <= 1.5x",
-            f"{fmt_ratio(growth)} from {sizes[0]:,} to {sizes[-1]:,}",
+            "p50 growth 1k -> 100k <= 1.5x (100 live among 1k -> 100k stale)",
+            f"{fmt_ratio(growth)} from {sizes[0]:,} to {sizes[-1]:,} stale "
+            f"({fmt_s(realistic[0].ours.p50_s)} -> {fmt_s(realistic[-1].ours.p50_s)})",
             growth <= GROWTH_TARGET,
         ),
+        judge(
+            "all live: p50 above the transfer floor, growth 1k -> 100k <= 1.5x",
+            floor_text,
+            floor_ok,
+        ),
     ]
-    table = Table(
-        columns=[
-            "receipts",
-            "reply size",
-            "daemon p50 / p99",
-            "naive p50 / p99",
-            "naive / daemon (p50)",
-            "transfer floor p50",
-            "daemon p50 - floor p50",
-        ],
-        rows=rows,
-    )
+    tables = [
+        Table(columns=["receipts, all live", *_COLUMNS], rows=[row.cells() for row in live]),
+        Table(
+            columns=[f"stale receipts (+ {REALISTIC_LIVE} live)", *_COLUMNS],
+            rows=[row.cells() for row in realistic],
+        ),
+    ]
+    requests = ctx.size(quick=200, full=1000)
+    floor_requests = ctx.size(quick=100, full=300)
     notes += [
         f"Daemon: {requests} `sessions.snapshot` requests back to back on one connection after "
         "20 warm-up requests, default `max_age_ms`; timed from send to the reply's last byte, "
         "read into one buffer the client keeps (so the client's allocations are not timed). "
         f"A size stops early after {ctx.size(quick=10, full=180)} s (n says how many ran).",
-        "Every receipt is live, so each answer lists every receipt's process: the reply grows "
-        "with the home, and so does the time to encode and send it.",
+        "First table: every receipt is live, so each answer lists every receipt's process: the "
+        "reply grows with the home, and so does the time to encode and send it. Second table: "
+        f"{REALISTIC_LIVE} live receipts among that many stale ones (half name a process that "
+        "exited, half a running process with another start time): the answer lists "
+        f"{REALISTIC_LIVE} processes at every size.",
         "Naive: one psutil sample, walk, `json.loads` and a start-time check per receipt; "
         "no ownership, no projection, no reply. It runs in the benchmark's process.",
         "Transfer floor: after the daemon has stopped, a bare server process "
@@ -242,6 +290,8 @@ def run(ctx: Context) -> Outcome:
         f"in one blocking `sendall`; {floor_requests} requests after 20 warm-up, timed as the "
         "daemon's are. It is what moving the reply's bytes costs; the daemon's p50 minus it "
         "is the rest of the daemon's time.",
-        _growth_note(sizes, beyond_floor),
+        "Growth is judged on the realistic homes' p50, and for the all-live homes on the "
+        "daemon's p50 above the floor (met when it grows at most 1.5x, or is not above the "
+        "floor at the largest size).",
     ]
-    return Outcome(tables=[table], verdicts=verdicts, notes=notes)
+    return Outcome(tables=tables, verdicts=verdicts, notes=notes)
