@@ -64,7 +64,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         number=6,
         title="ping requests/s with 1, 4 and 16 concurrent clients",
         baseline="a bare Python asyncio NDJSON echo server on a Unix socket",
-        targets=(f">= {ping.TARGET_RATIO}x the echo server",),
+        targets=("none: information only (ping/s against the echo server)",),
         run=ping.run,
     ),
     Scenario(

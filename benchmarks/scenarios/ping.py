@@ -1,4 +1,7 @@
-"""Scenario 6: ``ping`` requests/s against a bare asyncio NDJSON echo server.
+"""Scenario 6: ``ping`` requests/s against a bare asyncio NDJSON echo server (information only).
+
+This scenario has no target any more: it is kept, short, to show the
+request path's cost beside the bare floor of an asyncio server.
 
 Both servers run as their own processes; the load comes from a third
 (:mod:`benchmarks.loadgen`), the same program for both, so the client's cost
@@ -22,13 +25,12 @@ from pathlib import Path
 import psutil
 
 from benchmarks.daemon import DaemonProcess, wait_for_socket
-from benchmarks.harness import ROOT, Context, Outcome, Table, Verdict, judge
+from benchmarks.harness import ROOT, Context, Outcome, Table, Verdict, report
 from benchmarks.loadgen import LoadResult
 from benchmarks.stats import fmt_count, fmt_ratio, fmt_s
 
-__all__ = ["TARGET_RATIO", "run"]
+__all__ = ["run"]
 
-TARGET_RATIO = 0.7
 CONCURRENCY = (1, 4, 16)
 
 PING = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
@@ -56,9 +58,9 @@ def _load(ctx: Context, socket_path: Path, server_pid: int, clients: int, expect
         "--clients",
         str(clients),
         "--warmup-s",
-        str(ctx.size(quick=0.1, full=0.5)),
+        str(ctx.size(quick=0.1, full=0.3)),
         "--duration-s",
-        str(ctx.size(quick=0.4, full=3.0)),
+        str(ctx.size(quick=0.4, full=1.0)),
         "--request",
         PING,
         "--expect",
@@ -93,7 +95,7 @@ def _row(clients: int, ours: _Run, base: _Run) -> list[str]:
 
 
 def run(ctx: Context) -> Outcome:
-    """Measure both servers at each concurrency; judge the ratio at each."""
+    """Measure both servers at each concurrency; report the ratio at each (no target)."""
     scratch = ctx.scratch("ping")
     echo_socket = scratch / "echo.sock"
     echo = subprocess.Popen(
@@ -121,11 +123,7 @@ def run(ctx: Context) -> Outcome:
                 )
                 rows.append(_row(clients, ours, base))
                 verdicts.append(
-                    judge(
-                        f">= {TARGET_RATIO}x the echo server ({clients} clients)",
-                        fmt_ratio(ratio),
-                        ratio >= TARGET_RATIO,
-                    )
+                    report(f"ping/s against the echo server ({clients} clients)", fmt_ratio(ratio))
                 )
     finally:
         echo.kill()
@@ -147,7 +145,7 @@ def run(ctx: Context) -> Outcome:
         "The load generator is one separate process (one thread, epoll), "
         "the same for both servers.",
         f"Each cell is the median of {rounds} round(s) of "
-        f"{ctx.size(quick=0.4, full=3.0)} s after a {ctx.size(quick=0.1, full=0.5)} s warm-up, "
+        f"{ctx.size(quick=0.4, full=1.0)} s after a {ctx.size(quick=0.1, full=0.3)} s warm-up, "
         "the two servers alternating.",
         "The daemon runs with `--log-level warning`; the echo server parses nothing.",
     ]
