@@ -56,7 +56,7 @@ def _measure(ctx: Context, home: Path, receipts: int, name: str) -> _Memory:
         snapshot = wait_for_answer(client, receipts, timeout_s=ctx.size(quick=30.0, full=600.0))
         settle_s = ctx.size(quick=0.3, full=3.0)
         cpu_before, started = _cpu_s(daemon.pid), time.monotonic()
-        time.sleep(settle_s)  # sampler observations, nothing changing, no request
+        time.sleep(settle_s)  # nothing changing, no request
         idle_cpu = (_cpu_s(daemon.pid) - cpu_before) / (time.monotonic() - started)
         return _Memory(
             daemon.rss_bytes(), _peak_bytes(daemon.pid), int(snapshot["cost"]["retained"]), idle_cpu
@@ -124,9 +124,10 @@ def run(ctx: Context) -> Outcome:
     settle_s = ctx.size(quick=0.3, full=3.0)
     notes = [
         "RSS (`VmRSS`) of the daemon process once `sessions.snapshot` is `ready` and lists every "
-        f"receipt, then {settle_s} s of sampler observations; peak is `VmHWM`.",
+        f"receipt, then {settle_s} s with nothing changing; peak is `VmHWM`.",
         f"Idle CPU: the daemon's CPU time over those {settle_s} s, with no request and nothing "
-        "changing, per second of wall time: what the sampler's observations cost.",
+        "changing, per second of wall time (counted in clock ticks of 10 ms: a coarse "
+        "figure; scenario 9 measures the idle cost over longer windows).",
         "Every receipt is live, so the latest answer (one process entry per receipt) is part of "
         "what is retained.",
     ]
