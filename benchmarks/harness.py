@@ -24,6 +24,7 @@ import psutil
 
 if TYPE_CHECKING:
     from benchmarks.homes import GeneratedHome, SleepPool
+    from benchmarks.watchman import Watchman
 
 __all__ = [
     "ROOT",
@@ -162,6 +163,8 @@ class Context:
     _started: float = field(default_factory=time.monotonic)
     _homes: dict[tuple[int, int], GeneratedHome] = field(default_factory=dict)
     _pool: SleepPool | None = None
+    _watchman: Watchman | None = None
+    _watchman_error: str | None = None
 
     def sleep_pool(self) -> SleepPool:
         """The ~50 shared ``sleep`` processes receipts name (started once, killed at the end)."""
@@ -176,7 +179,8 @@ class Context:
         """A generated home of ``receipts`` live and ``stale`` stale receipts, made once and shared.
 
         Scenarios must not change it for good (scenario 3 changes one receipt's
-        content and writes it back the same, which keeps it equivalent).
+        content and writes it back the same; scenario 11 adds receipts and
+        removes them again).
         """
         key = (receipts, stale)
         if key not in self._homes:
@@ -191,6 +195,32 @@ class Context:
             )
             self.log(f"generated in {time.monotonic() - started:.1f} s")
         return self._homes[key]
+
+    def watchman(self) -> Watchman:
+        """The run's private watchman server, started once and shut down at the end.
+
+        A full run installs watchman from the distribution if it is missing
+        (:func:`benchmarks.watchman.install_watchman`); a quick run does not.
+
+        Raises:
+            WatchmanUnavailable: it is missing or does not run (and every
+                later call raises it again).
+        """
+        from benchmarks.watchman import Watchman, WatchmanUnavailable, install_watchman
+
+        if self._watchman is None:
+            if self._watchman_error is not None:
+                raise WatchmanUnavailable(self._watchman_error)
+            try:
+                binary = install_watchman(allowed=not self.quick, log=self.log)
+                self._watchman = Watchman(binary, self.scratch("watchman"))
+            except WatchmanUnavailable as exc:
+                self._watchman_error = str(exc)
+                self.log(f"no watchman: {exc}; comparing with a bare inotify watch")
+                raise
+            self.resources.callback(self._watchman.close)
+            self.log(f"watchman {self._watchman.version} started (pid {self._watchman.pid})")
+        return self._watchman
 
     def size(self, *, quick: T, full: T) -> T:
         """``quick`` in quick mode, else ``full``."""
