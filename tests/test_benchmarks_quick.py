@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_NUMBERS = [1, 2, 3, 4, 5, 6, 7, 8]
+SCENARIO_NUMBERS = list(range(1, 10))
 
 
 @pytest.mark.benchmark_smoke

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import latency, live, memory, ping, reconcile, scan, snapshot
+from . import idle, latency, live, memory, ping, reconcile, scan, snapshot
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -83,6 +83,17 @@ SCENARIOS: tuple[Scenario, ...] = (
             "exit -> notification: p99 <= 20 ms",
         ),
         run=live.run,
+    ),
+    Scenario(
+        number=9,
+        title="idle CPU and wake-ups: empty, 10k stale, 10k live and 100k stale receipts",
+        baseline="watchman watching the same home, in the same windows",
+        targets=(
+            "idle CPU <= 0.05 % of a core at every size",
+            "idle wake-ups <= 2/s at every size",
+            "the baseline watching the same home in the same windows",
+        ),
+        run=idle.run,
     ),
 )
 
