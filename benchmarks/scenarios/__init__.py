@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import idle, latency, live, memory, ping, reconcile, scan, snapshot
+from . import events, idle, latency, live, memory, ping, reconcile, scan, snapshot
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -94,6 +94,16 @@ SCENARIOS: tuple[Scenario, ...] = (
             "the baseline watching the same home in the same windows",
         ),
         run=idle.run,
+    ),
+    Scenario(
+        number=10,
+        title="receipt written -> visible; process killed -> gone, in a plain sessions.snapshot",
+        baseline="a bare inotify event and a bare pidfd, the floors of the two events",
+        targets=(
+            "receipt written -> visible in a plain sessions.snapshot: p99 <= 5 ms",
+            "process killed -> gone from a plain sessions.snapshot: p99 <= 5 ms",
+        ),
+        run=events.run,
     ),
 )
 
