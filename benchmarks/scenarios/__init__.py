@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import events, idle, latency, live, memory, ping, reconcile, scan, snapshot
+from . import events, fresh, idle, latency, live, memory, ping, reconcile, scan, snapshot
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -104,6 +104,16 @@ SCENARIOS: tuple[Scenario, ...] = (
             "process killed -> gone from a plain sessions.snapshot: p99 <= 5 ms",
         ),
         run=events.run,
+    ),
+    Scenario(
+        number=11,
+        title='read-your-writes: {"max_age_ms": 0} right after a write, at 10k receipts',
+        baseline="watchman's `query` with `sync_timeout` (its cookie), on the same home",
+        targets=(
+            "max_age_ms: 0 after a write: 0 misses in 1,000 write-then-ask trials",
+            "max_age_ms: 0 latency at 10k receipts: p99 <= 5 ms",
+        ),
+        run=fresh.run,
     ),
 )
 
