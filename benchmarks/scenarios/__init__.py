@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import events, fresh, idle, latency, live, memory, ping, reconcile, scan, snapshot
+from . import events, fresh, idle, latency, live, memory, ping, reconcile, scan, snapshot, verify
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -114,6 +114,16 @@ SCENARIOS: tuple[Scenario, ...] = (
             "max_age_ms: 0 latency at 10k receipts: p99 <= 5 ms",
         ),
         run=fresh.run,
+    ),
+    Scenario(
+        number=12,
+        title="verification run at 100k receipts: CPU per run, and amortized",
+        baseline="`find HOME -printf '%T@\\n'`: a stat of every entry, in C",
+        targets=(
+            "verification run at 100k receipts: CPU per run",
+            "verification amortized at the default --verify-interval (30 s)",
+        ),
+        run=verify.run,
     ),
 )
 
