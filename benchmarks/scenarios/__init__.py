@@ -8,7 +8,20 @@ from __future__ import annotations
 
 from benchmarks.harness import Scenario
 
-from . import events, fresh, idle, latency, live, memory, ping, reconcile, scan, snapshot, verify
+from . import (
+    coldstart,
+    events,
+    fresh,
+    idle,
+    latency,
+    live,
+    memory,
+    ping,
+    reconcile,
+    scan,
+    snapshot,
+    verify,
+)
 
 __all__ = ["SCENARIOS", "by_number"]
 
@@ -124,6 +137,16 @@ SCENARIOS: tuple[Scenario, ...] = (
             "verification amortized at the default --verify-interval (30 s)",
         ),
         run=verify.run,
+    ),
+    Scenario(
+        number=13,
+        title="cold start to the first complete ready answer at 100k receipts",
+        baseline="`find HOME -name '*.json' -exec cat {} + >/dev/null`",
+        targets=(
+            "cold start: one walk to the first ready (status.totals.rescans == 1)",
+            "cold start to the first complete ready <= 1.5x find + cat",
+        ),
+        run=coldstart.run,
     ),
 )
 

@@ -19,7 +19,7 @@ import msgspec
 from benchmarks.harness import Context, Outcome, Table, judge, require_modules
 from benchmarks.stats import fmt_bytes, fmt_count, fmt_ratio, fmt_s
 
-__all__ = ["run_change", "run_cold"]
+__all__ = ["find_cat", "run_change", "run_cold"]
 
 COLD_TARGET_RATIO = 3.0
 CHANGE_TARGET_RATIO = 100.0
@@ -45,7 +45,8 @@ def _cold_scan(home: Path, receipts: int) -> tuple[float, Any]:
     return _observe(ActiveSessionReader(home), receipts)
 
 
-def _find_cat(home: Path) -> float:
+def find_cat(home: Path) -> float:
+    """Seconds for `find HOME -name '*.json' -exec cat {} + >/dev/null`."""
     command = f"find '{home}' -name '*.json' -exec cat {{}} + >/dev/null"
     started = time.perf_counter()
     subprocess.run(command, shell=True, check=True)
@@ -73,12 +74,12 @@ def run_cold(ctx: Context) -> Outcome:
     ratios: dict[int, float] = {}
     for receipts in sizes:
         home = ctx.home(receipts).home
-        _find_cat(home)  # warm the page cache
+        find_cat(home)  # warm the page cache
         finds: list[float] = []
         scans: list[float] = []
         snapshot = None
         for _ in range(trials):
-            finds.append(_find_cat(home))
+            finds.append(find_cat(home))
             elapsed_s, snapshot = _cold_scan(home, receipts)
             scans.append(elapsed_s)
         scan_s, find_s = _median(scans), _median(finds)
