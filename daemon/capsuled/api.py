@@ -101,7 +101,7 @@ class Api:
             last_cost=daemon.last_cost,
             totals=daemon.totals,
             clients=daemon.server.clients,
-            notes=[*daemon.notes, *daemon.sessions.notes],
+            notes=[*daemon.notes, *daemon.sessions.notes, *daemon.watcher.notes],
             subscriptions=daemon.subscriptions.count,
             exit_watch=daemon.sessions.exits.mode,
             pidfds=daemon.sessions.exits.held,

@@ -192,6 +192,18 @@ class HomeWatcher:
             starts=self.starts,
         )
 
+    @property
+    def notes(self) -> list[str]:
+        """Plain-language remarks for ``status``."""
+        watch = self._watch
+        if watch is None or self.mode != "native" or not watch.polled:
+            return []
+        return [
+            f"{watch.polled} directories could not be watched (the inotify watch limit, "
+            "fs.inotify.max_user_watches?); they are polled every "
+            f"{self._poll_interval_s:g} s and retried"
+        ]
+
     async def sync(self) -> None:
         """Return once every change made before the call has been fed (read-your-writes).
 

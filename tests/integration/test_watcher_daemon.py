@@ -104,6 +104,7 @@ def test_a_daemon_at_the_watch_limit_polls_what_it_cannot_watch(short_dir: Path)
         assert (watch.mode, watch.backend) == ("native", "inotify")
         assert watch.watched_directories == 2  # the home and runs
         assert watch.polled_directories >= 2  # runtime and runtime/exec-processes
+        assert any("could not be watched" in note for note in client.status().notes)
         # A receipt in a polled directory is in the next read-your-writes answer.
         sleeper = subprocess.Popen(["sleep", "60"])
         try:
@@ -120,7 +121,7 @@ def test_a_daemon_at_the_watch_limit_polls_what_it_cannot_watch(short_dir: Path)
 
 @pytest.mark.parametrize("mode", ["native", "polling"])
 def test_one_walk_to_ready(short_dir: Path, mode: str) -> None:
-    """The watch starts before the first walk: that walk's answer is ready, and it is the only one."""
+    """The watch starts before the first walk: its answer is ready, and it is the only walk."""
     home = make_home(short_dir)
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
