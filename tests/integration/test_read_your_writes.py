@@ -51,7 +51,9 @@ def test_a_runtime_sees_its_own_receipt_and_store_row_every_time(
                 store.register_session(session)
                 store.register_input(input_id, session)
             answer = client.snapshot(fresh=True)
-            if answer.discovery != "ready" or session not in {s.session_id for s in answer.sessions}:
+            if answer.discovery != "ready" or session not in {
+                s.session_id for s in answer.sessions
+            }:
                 misses.append(n)
         assert misses == []
         assert daemon.stop(signal.SIGTERM) == 0
