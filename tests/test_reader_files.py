@@ -364,9 +364,7 @@ def test_a_symlinked_runtime_is_not_followed_to_its_receipts(world: World, tmp_p
     world.exec_receipt("exe_1", process.pid)
     (elsewhere / "runtime").mkdir()
     (world.home / "runtime/exec-processes").rename(elsewhere / "runtime/exec-processes")
-    (elsewhere / "runtime/opencode-servers.json").write_text(
-        f'[{{"opencode_pid": {process.pid}}}]'
-    )
+    (elsewhere / "runtime/opencode-servers.json").write_text(f'[{{"opencode_pid": {process.pid}}}]')
     (world.home / "runtime").rmdir()
     (world.home / "runtime").symlink_to(elsewhere / "runtime")
     world.reader.invalidate()
