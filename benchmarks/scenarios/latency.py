@@ -142,8 +142,8 @@ def run(ctx: Context) -> Outcome:
 
     background = 100
     trials: dict[Mode, int] = {
-        "polling": ctx.size(quick=4, full=200),
-        "long poll": ctx.size(quick=2, full=50),
+        "polling": ctx.size(quick=4, full=100),
+        "long poll": ctx.size(quick=2, full=30),
     }
     scratch = ctx.scratch("latency")
     home = generate_home(scratch / "home", background, ctx.sleep_pool()).home
