@@ -60,7 +60,7 @@ def _wait_for_runs(daemon: DaemonProcess, runs: int, timeout_s: float) -> dict[s
 def _measure(ctx: Context, live: int, stale: int, interval_s: float) -> list[str]:
     home = ctx.home(live, stale=stale)
     scratch = ctx.scratch(f"verify{live}s{stale}")
-    window_s = ctx.size(quick=1.0, full=12.0)
+    window_s = ctx.size(quick=1.0, full=8.0)
     args = ["--verify-interval", f"{interval_s:g}"]
     with DaemonProcess(home.home, scratch / "d.sock", args) as daemon:
         with RawClient(daemon.socket_path) as client:
@@ -128,7 +128,7 @@ def run(ctx: Context) -> Outcome:
     ]
     notes = [
         f"The daemon runs with `--verify-interval {interval_s:g}`; the window "
-        f"({ctx.size(quick=1.0, full=12.0):g} s or a little more) starts just after a run "
+        f"({ctx.size(quick=1.0, full=8.0):g} s or a little more) starts just after a run "
         "(after the first) and ends just after one (found by asking `status` every 20 ms "
         "meanwhile), so it holds whole runs. CPU is `utime + stime` of `/proc/<pid>/stat` "
         "over the window (clock ticks of 10 ms), divided by the runs "
