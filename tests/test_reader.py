@@ -259,14 +259,33 @@ def test_a_removed_receipt_leaves_even_if_unreported(world: World) -> None:
     assert world.ready().unowned == []
 
 
-def test_a_new_run_directory_forces_a_rescan_in_the_same_observation(world: World) -> None:
-    world.ready()
+def test_a_new_run_directory_is_listed_in_the_same_observation_without_a_walk(
+    world: World,
+) -> None:
     process = world.pool.start()
+    for n in range(5):  # stale (another start time): read by walks only
+        world.exec_receipt(f"exe_stale{n}", process.pid, started_at_s=1_000_000.0 + n)
+    reader = ActiveSessionReader(world.home, world.feed, trust_watcher=True)
+    reader.observe()
     world.client_receipt("inp_a", process.pid, run="fresh")
     world.feed.add([world.home / "runs/fresh"])
-    snapshot = world.ready()
-    assert snapshot.cost.rescans == 1
+    snapshot = reader.observe().snapshot
+    assert snapshot.discovery == "ready"
+    assert (snapshot.cost.rescans, snapshot.cost.receipts) == (0, 1)
     assert pids(snapshot) == {"unowned": [("provider_client", process.pid)]}
+
+
+def test_a_run_directory_replaced_by_another_keeps_nothing_of_the_first(world: World) -> None:
+    """Renamed away and another moved in under its name: one changed path, listed afresh."""
+    first, second = world.pool.start(), world.pool.start()
+    world.client_receipt("inp_a", first.pid, run="run1")
+    world.ready()
+    staged = world.home / "staged"
+    world.client_receipt("inp_b", second.pid, run="run2")
+    (world.home / "runs/run1").rename(staged)
+    (world.home / "runs/run2").rename(world.home / "runs/run1")
+    world.feed.add([world.home / "runs/run1", world.home / "runs/run2"])
+    assert pids(world.ready()) == {"unowned": [("provider_client", second.pid)]}
 
 
 def test_a_path_outside_the_home_forces_a_rescan(world: World, tmp_path: Path) -> None:

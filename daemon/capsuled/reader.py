@@ -31,7 +31,10 @@ Departures from the seed, each allowed by SPEC §5:
   store's ``PRAGMA data_version`` moved; step 4 compares that version instead
   of querying again.
 * A pending path that forces a rescan makes *this* observation walk from
-  scratch, instead of answering ``scanning`` first.
+  scratch, instead of answering ``scanning`` first. A changed run directory
+  (``runs/<run>``) does not force one: it is listed from scratch, as a
+  changed input directory is, so a new run costs its own receipts, not a walk
+  of the home.
 * Watcher changes that cannot affect the answer (the store, traces under
   ``sessions/``, ``manifest.json``, hidden files) are dropped, so a busy trace
   does not keep the answer ``scanning``.
@@ -189,9 +192,7 @@ def _action(parts: _Parts | None) -> _Action:
         return _Action.RESCAN
     if any(part.startswith(".") for part in parts):
         return _Action.IGNORE
-    if parts in ((), (_RUNS,), ("runtime",), _EXEC_PARTS) or (
-        len(parts) == 2 and parts[0] == _RUNS
-    ):
+    if parts in ((), (_RUNS,), ("runtime",), _EXEC_PARTS):
         return _Action.RESCAN
     if parts == _SERVERS_PARTS:
         return _Action.SERVERS
@@ -875,6 +876,9 @@ class ActiveSessionReader:
             kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
             self._read_receipt(path, kind)
         elif action is _Action.WALK and parts is not None:
+            # Listed from scratch: what it held before (a directory renamed
+            # away and another put in its place) must not outlive it.
+            self._drop_under(path)
             self._scan(path, parts)
 
     def _through_symlink(self, path: str) -> bool:
