@@ -97,6 +97,7 @@ class InotifyWatch:
         self._cookies: dict[str, anyio.Event] = {}
         self._cookie_numbers = itertools.count(1)
         self._walk_owed = False  # completing the watch after an overflow
+        self._cookie_failed = False
         self.overflows = 0
         self.add_failures = 0
 
@@ -148,7 +149,10 @@ class InotifyWatch:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except OSError as exc:
             self._cookies.pop(name, None)
-            log.warning("cannot create a cookie; walking instead", cause=str(exc))
+            # A read-only home, a full disk: warned about once, a walk each time.
+            level = log.debug if self._cookie_failed else log.warning
+            level("cannot create a cookie in the home; walking instead", cause=str(exc))
+            self._cookie_failed = True
             self._feed.request_rescan()
             return
         try:
