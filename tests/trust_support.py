@@ -30,7 +30,7 @@ from typing import Final, TypeVar
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.protocol import ActiveSessionsSnapshot, WatchStatus
+from capsule_client.protocol import ActiveSessionsSnapshot, VerificationStatus, WatchStatus
 from capsule_client.receipts import (
     process_start_time,
     write_exec_receipt,
@@ -138,6 +138,7 @@ class Trusted:
         expected: the receipts (paths relative to the home) that every answer
             must list, each once; the test adds what it writes into real
             directories for live processes, and removes what it kills or moves.
+        limited: the native watch may poll directories it could not watch.
     """
 
     def __init__(
@@ -156,6 +157,7 @@ class Trusted:
         self.started_at_s = process_start_time(sleeper.pid)
         self.expected: set[str] = set()
         self.probes = 0
+        self.limited = False
         for directory in (
             self.home / "runs" / REAL_RUN / REAL_INPUT / "provider-clients",
             self.home.joinpath(*EXEC_DIR),
@@ -247,17 +249,27 @@ class Trusted:
         assert watch is not None
         return watch
 
+    def verification(self) -> VerificationStatus:
+        verification = self.client.status().verification
+        assert verification is not None
+        return verification
+
     def check_directories(self) -> WatchStatus:
-        """The watch runs in its mode and covers exactly the real entered directories."""
+        """The watch runs in its mode and covers exactly the real entered directories.
+
+        A native watch watches every one of them, or (where :attr:`limited`,
+        at the watch limit) watches some and polls the rest.
+        """
 
         def covers(watch: WatchStatus) -> bool:
             entered = entered_directories(self.home)
             if self.mode == "native":
-                return (watch.mode, watch.backend, watch.polled_directories) == (
-                    "native",
-                    "inotify",
-                    0,
-                ) and watch.watched_directories == entered
+                covered = watch.watched_directories + watch.polled_directories
+                return (
+                    (watch.mode, watch.backend) == ("native", "inotify")
+                    and covered == entered
+                    and (self.limited or watch.polled_directories == 0)
+                )
             return (watch.mode, watch.backend) == (
                 "polling",
                 "lstat",
