@@ -3,14 +3,16 @@
 The adversity tests (``tests/integration/test_trust*.py``) build links,
 cycles, odd files, renames and kernel limits into a home served by the real
 ``capsuled``; after each one, :meth:`Trusted.check` writes receipts for a live
-``sleep`` into the home's real receipt directories and asserts that
+``sleep`` into every real receipt directory of the home and into a new run,
+registers a new session that owns some of them, and asserts that
 
 * a plain ``sessions.snapshot`` shows them within the watch's latency
-  (:data:`WATCH_LATENCY_S`): the watch still hears;
+  (:data:`WATCH_LATENCY_S`): the watch still hears, the store's write too;
 * the next ``sessions.snapshot {"max_age_ms": 0}`` shows them too
   (read-your-writes), ``ready``;
 * both answers list exactly the receipts the test wrote into real
-  directories, each once, at its real path: nothing seen through a link;
+  directories, each once, at its real path, under the session that owns it:
+  nothing is seen through a link;
 * the watch still runs in the mode it was started in, and the directories it
   watches (or polls) are exactly the real directories the home's layout
   enters, counted here by an ``lstat`` walk that shares no code with the
@@ -30,12 +32,14 @@ from typing import Final, TypeVar
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
+from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, VerificationStatus, WatchStatus
 from capsule_client.receipts import (
     process_start_time,
     write_exec_receipt,
     write_provider_client_receipt,
 )
+from capsule_client.store import OwnershipStore
 
 T = TypeVar("T")
 
@@ -55,6 +59,15 @@ def receipts_of(answer: ActiveSessionsSnapshot) -> list[str]:
     """Every receipt the answer lists (sessions and unowned), sorted; duplicates kept."""
     processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
     return sorted(p.receipt for p in processes if isinstance(p.receipt, str))
+
+
+def owners_of(answer: ActiveSessionsSnapshot) -> dict[str, str | None]:
+    """Each receipt the answer lists → the session it is listed under (None: unowned)."""
+    owners: dict[str, str | None] = {}
+    for session in answer.sessions:
+        owners.update({p.receipt: session.session_id for p in session.processes if p.receipt})
+    owners.update({p.receipt: None for p in answer.unowned if isinstance(p.receipt, str)})
+    return owners
 
 
 def _is_real_directory(path: Path) -> bool:
@@ -138,6 +151,8 @@ class Trusted:
         expected: the receipts (paths relative to the home) that every answer
             must list, each once; the test adds what it writes into real
             directories for live processes, and removes what it kills or moves.
+        input_owners: input id → the session the test registered as its owner.
+        exec_owners: exec id → the session the test registered as its owner.
         limited: the native watch may poll directories it could not watch.
     """
 
@@ -156,6 +171,8 @@ class Trusted:
         self.sleeper = sleeper
         self.started_at_s = process_start_time(sleeper.pid)
         self.expected: set[str] = set()
+        self.input_owners: dict[str, str] = {}
+        self.exec_owners: dict[str, str] = {}
         self.probes = 0
         self.limited = False
         for directory in (
@@ -230,8 +247,33 @@ class Trusted:
     # ------------------------------------------------------------------
     # The check
 
+    def owner(self, receipt: str) -> str | None:
+        """The session that owns ``receipt`` (a path relative to the home), by its id."""
+        parts = Path(receipt).parts
+        if parts[0] == "runs":
+            return self.input_owners.get(parts[2])
+        return self.exec_owners.get(Path(receipt).stem)
+
+    def own(
+        self, session_id: str, *, inputs: Sequence[str] = (), execs: Sequence[str] = ()
+    ) -> None:
+        """Register a session and what it owns in the store, as a runtime would."""
+        with OwnershipStore(store_path(self.home)) as store:
+            store.register_session(session_id, context_id=f"ctx_{session_id}")
+            for input_id in inputs:
+                store.register_input(input_id, session_id)
+                self.input_owners[input_id] = session_id
+            for exec_id in execs:
+                store.register_exec(exec_id, session_id)
+                self.exec_owners[exec_id] = session_id
+
     def exact(self, answer: ActiveSessionsSnapshot) -> bool:
-        return answer.discovery == "ready" and receipts_of(answer) == sorted(self.expected)
+        """``ready``, listing each expected receipt once, under the session that owns it."""
+        return (
+            answer.discovery == "ready"
+            and receipts_of(answer) == sorted(self.expected)
+            and owners_of(answer) == {r: self.owner(r) for r in self.expected}
+        )
 
     def plain(self, what: str = "the receipts") -> ActiveSessionsSnapshot:
         """A plain answer listing exactly :attr:`expected`, within the watch's latency."""
@@ -242,6 +284,7 @@ class Trusted:
         answer = self.client.snapshot(max_age_ms=0)
         assert answer.discovery == "ready", answer.gaps
         assert receipts_of(answer) == sorted(self.expected), answer
+        assert owners_of(answer) == {r: self.owner(r) for r in self.expected}, answer
         return answer
 
     def watch(self) -> WatchStatus:
@@ -289,13 +332,26 @@ class Trusted:
         return True
 
     def probe(self, name: str) -> None:
-        """Receipts for the sleeper in each real receipt directory that is one now."""
-        real_clients = f"runs/{REAL_RUN}/{REAL_INPUT}/provider-clients"
-        if self.real(real_clients):
-            self.client_receipt(REAL_RUN, REAL_INPUT, name)
+        """Receipts for the sleeper in every real receipt directory, a new run, a store write.
+
+        A receipt in each real ``provider-clients`` directory of the home, one in
+        the exec directory, and one in a new run; a new session in the store
+        owns the new run's input and the new exec receipt (a store write is a
+        change in the home itself).
+        """
+        wrote = False
+        if self.real("runs"):
+            for clients in sorted((self.home / "runs").glob("*/*/provider-clients")):
+                run, input_id = clients.parts[-3:-1]
+                if self.real(f"runs/{run}/{input_id}/provider-clients"):
+                    self.client_receipt(run, input_id, name)
+            self.client_receipt(f"r_{name}", f"inp_{name}", "c1")
+            wrote = True
         if self.real("/".join(EXEC_DIR)):
             self.exec_receipt(f"exe_{name}")
-        assert self.real(real_clients) or self.real("/".join(EXEC_DIR)), "nowhere to probe"
+            wrote = True
+        assert wrote, "nowhere to probe"
+        self.own(f"ses_{name}", inputs=[f"inp_{name}"], execs=[f"exe_{name}"])
 
     def check(self) -> ActiveSessionsSnapshot:
         """Neither deaf nor wrong: new receipts in real directories are seen, and only they.
