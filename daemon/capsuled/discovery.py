@@ -237,6 +237,8 @@ class Discovery:
             each verification; none when omitted.
         verify_interval_s: seconds between two verification runs (``None``:
             never), while a watcher feeds the reader.
+        on_missed: called (on the event loop) when a verification found
+            changes the watch missed (``HomeWatcher.recheck``).
     """
 
     def __init__(
@@ -251,12 +253,14 @@ class Discovery:
         exit_events: bool | None = None,
         sync: Callable[[], Awaitable[None]] | None = None,
         verify_interval_s: float | None = 30.0,
+        on_missed: Callable[[], None] | None = None,
     ) -> None:
         self.sample_interval_s = sample_interval_s
         self._sync = sync
         self.verification = VerificationStatus(interval_s=verify_interval_s)
         self._verify_interval_s = verify_interval_s
         self._verify_barrier_ns: int | None = None  # owed to the next observation
+        self._on_missed = on_missed
         self.totals = StatusTotals() if totals is None else totals
         self.changes = ChangeFeed() if changes is None else changes
         self._watcher_mode = watcher_mode
@@ -533,6 +537,8 @@ class Discovery:
                 paths=verified.missed[:10],
                 watcher=self.watcher_mode,
             )
+            if self._on_missed is not None:
+                self._on_missed()
 
     def _new_reader(self) -> ActiveSessionReader:
         return ActiveSessionReader(

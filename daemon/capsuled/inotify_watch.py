@@ -166,6 +166,16 @@ class InotifyWatch:
         if self._polled and self._inotify is not None:
             self._poll_unwatched()  # what the cookie cannot vouch for
 
+    def recheck(self) -> None:
+        """Add every watch again and forget what went: something changed unseen.
+
+        After verification found changes the watch missed (a directory
+        replaced without an event, a mount over it), so that later changes
+        there are heard again.
+        """
+        if self._inotify is not None:
+            self._add_below((), recheck=True)
+
     # ----------------------------------------------------------------------
     # Adding watches
 

@@ -79,6 +79,7 @@ class Daemon:
             max_pidfds=config.max_pidfds,
             sync=lambda: self.watcher.sync(),
             verify_interval_s=config.verify_interval_s,
+            on_missed=lambda: self.watcher.recheck(),
         )
         self.subscriptions = SubscriptionHub(lambda: self.sessions.announced, self.totals)
         self.sessions.add_listener(self.subscriptions.publish)

@@ -192,6 +192,17 @@ class HomeWatcher:
             starts=self.starts,
         )
 
+    def recheck(self) -> None:
+        """Verification found changes the watch missed: make the watch whole again.
+
+        The native watch adds every watch again (a directory replaced unseen,
+        say by a mount over it, gets its own); polling needs nothing.
+        """
+        watch = self._watch
+        if self._watching and isinstance(watch, InotifyWatch):
+            log.info("re-adding every watch after changes it missed", home=str(self.home))
+            watch.recheck()
+
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""

@@ -257,16 +257,10 @@ def test_a_directory_mounted_over_a_receipt_directory_is_found_by_verification(
         t.check()
 
 
-MOUNT_STAYS_UNWATCHED = (
-    "a receipt directory replaced unseen (a mount over it) stays unwatched after verification "
-    "found it: each later receipt there is found only by the next verification"
-)
-
-
 @pytest.mark.parametrize(
     "mode",
     [
-        pytest.param("native", marks=pytest.mark.xfail(strict=True, reason=MOUNT_STAYS_UNWATCHED)),
+        "native",
         "polling",
     ],
 )
