@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -453,6 +454,30 @@ def test_a_directory_moved_out_of_the_home_and_back(
         away.rename(t.home / moved)
         t.expected |= kept
         t.check()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "replaced", ["runs/r1", "runs/r1/inp_a/provider-clients", "runtime/exec-processes"]
+)
+def test_a_directory_removed_and_made_again_at_once_is_watched_anew(
+    short_dir: Path, pool: Sleepers, mode: str, replaced: str
+) -> None:
+    with trusted(short_dir, pool.start(), mode) as t:
+        t.client_receipt("r1", "inp_a", "c1")
+        t.exec_receipt("exe_replaced")
+        t.check()
+        for n in range(10):  # faster than a poll interval: some are never seen at all
+            shutil.rmtree(t.home / replaced)
+            t.forget_under(replaced)
+            t.client_receipt("r1", "inp_a", f"c{n}")
+            t.exec_receipt(f"exe_replaced{n}")
+        t.plain("the receipts in the directory made last")
+        t.check()
+        # Its new inode is the one watched: later writes into it are heard.
+        t.client_receipt("r1", "inp_a", "later")
+        t.exec_receipt("exe_later")
+        t.plain("a receipt in the directory made again")
 
 
 # --------------------------------------------------------------------------
