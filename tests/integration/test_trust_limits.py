@@ -316,6 +316,11 @@ def test_a_kernel_queue_overflow_loses_no_receipt(short_dir: Path, pool: Sleeper
 
     def doomed_run(t: Trusted) -> None:
         t.client_receipt("r_doomed", "inp_doomed", "c1")
+        # Links the walk owed after an overflow must not follow either.
+        t.client_receipt("r1", "inp_a", "c1")
+        (t.home / "runs/r1/inp_a/cwd").symlink_to(t.home)
+        (t.home / "runs/r2").symlink_to("r1")
+        (t.home / "runs/r1/loop").symlink_to("..")
 
     with ExitStack() as stack:
         with inotify_queue_of(64):
@@ -427,3 +432,22 @@ def test_a_directory_past_the_watch_limit_is_polled_and_heard(
         t.client_receipt("r_new", "inp_new", "c2")
         t.plain("a receipt in a directory watched again")
     assert mode == "polling" or "cannot watch a directory; polling it instead" in t.daemon.logs()
+
+
+@pytest.mark.skipif(
+    not user_namespaces_work(), reason="needs Linux user namespaces (unshare --user)"
+)
+@pytest.mark.parametrize("limit", ["max_inotify_watches", "max_inotify_instances"])
+def test_a_native_watch_that_cannot_start_falls_back_to_polling_and_says_so(
+    short_dir: Path, pool: Sleepers, limit: str
+) -> None:
+    class DaemonWithoutInotify(DaemonProcess):
+        @property
+        def command(self) -> list[str]:
+            return with_inotify_limit(limit, 0, super().command)
+
+    with trusted(short_dir, pool.start(), "native", daemon_class=DaemonWithoutInotify) as t:
+        t.mode = "polling"  # what status must say now
+        t.check()
+        assert t.client.status().watcher == "polling"
+    assert "native watch cannot start; falling back to polling" in t.daemon.logs()
