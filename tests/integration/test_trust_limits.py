@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from trust_support import (
 )
 from userns import user_namespaces_work, with_inotify_limit
 
+from capsule_client import Client
 from capsule_client.protocol import ActiveSessionsSnapshot, WatchStatus
 from capsule_client.receipts import (
     ExecReceipt,
@@ -359,6 +361,55 @@ def test_a_kernel_queue_overflow_loses_no_receipt(short_dir: Path, pool: Sleeper
         # A receipt in a directory made while events were lost is heard.
         t.client_receipt("r_burst500", "inp_burst500", "after")
         t.plain("a receipt in a directory made during the overflow")
+
+
+def test_read_your_writes_holds_while_the_queue_overflows(short_dir: Path, pool: Sleepers) -> None:
+    sleepers = [pool.start() for _ in range(4)]
+    starts = {p.pid: process_start_time(p.pid) for p in sleepers}
+    with ExitStack() as stack:
+        with inotify_queue_of(64):
+            t = stack.enter_context(trusted(short_dir, sleepers[0], "native"))
+        done: list[str] = []  # receipts whose write returned, in order
+        writing = threading.Event()
+        writing.set()
+        wrong: list[str] = []
+        asked: list[int] = []
+
+        def ask() -> None:
+            # Each ready answer with max_age_ms 0 lists every receipt written before it was
+            # asked. One may also stay "scanning" to its deadline while writes keep coming
+            # (docs/design.md §5 step 4): that says nothing, and lists nothing.
+            with Client(t.daemon.socket_path) as client:
+                while writing.is_set():
+                    before = set(done)
+                    answer = client.snapshot(max_age_ms=0)
+                    asked.append(len(before))
+                    listed = receipts_of(answer)
+                    if answer.discovery == "scanning" and not listed:
+                        continue
+                    missing = before - set(listed)
+                    if answer.discovery != "ready" or missing:
+                        wrong.append(f"{answer.discovery}, {len(missing)} missing: {answer.gaps}")
+
+        def write(n: int) -> None:
+            pid = sleepers[n % len(sleepers)].pid
+            relative = f"runtime/exec-processes/exe_burst{n}.json"
+            write_like_the_kit(t.home / relative, receipt_bytes(relative, pid, starts[pid]))
+            done.append(relative)
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        try:
+            with ThreadPoolExecutor(2) as writers:
+                list(writers.map(write, range(BURST)))
+        finally:
+            writing.clear()
+            asker.join(timeout=30)
+        t.expected |= set(done)
+        assert t.watch().overflows >= 1
+        assert len(asked) >= 3, asked  # answers asked for during the burst
+        assert wrong == []
+        t.check()
 
 
 # --------------------------------------------------------------------------
