@@ -380,6 +380,29 @@ def test_a_receipt_rewritten_in_place_shows_its_new_process(
         t.check()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_receipt_renamed_away_hidden_and_back_is_listed_only_where_it_is(
+    short_dir: Path, pool: Sleepers, mode: str
+) -> None:
+    with trusted(short_dir, pool.start(), mode) as t:
+        path = t.client_receipt(REAL_RUN, REAL_INPUT, "wanderer")
+        relative = t.relative(path)
+        t.check()
+        for away in (t.outside / "wanderer.json", path.with_name(".wanderer.json")):
+            path.rename(away)  # out of the home, then to a hidden name
+            t.expected.discard(relative)
+            t.plain(f"the receipt gone to {away}")
+            away.rename(path)
+            t.expected.add(relative)
+            t.plain("the receipt back")
+        # Moved to another input's directory: listed there, for that input, once.
+        moved = t.home / "runs/r1/inp_b/provider-clients/wanderer.json"
+        moved.parent.mkdir(parents=True)
+        path.rename(moved)
+        t.expected = (t.expected - {relative}) | {t.relative(moved)}
+        t.check()
+
+
 # --------------------------------------------------------------------------
 # Directories renamed, moved out of the home and back
 
