@@ -259,13 +259,7 @@ def test_a_directory_mounted_over_a_receipt_directory_is_found_by_verification(
         t.check()
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "native",
-        "polling",
-    ],
-)
+@pytest.mark.parametrize("mode", MODES)
 def test_a_directory_mounted_over_a_receipt_directory_is_heard_once_found(
     short_dir: Path, pool: Sleepers, mode: str
 ) -> None:
