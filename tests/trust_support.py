@@ -26,15 +26,19 @@ import stat
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeVar
 
+import msgspec
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, VerificationStatus, WatchStatus
 from capsule_client.receipts import (
+    ExecReceipt,
+    ProviderClientReceipt,
     process_start_time,
     write_exec_receipt,
     write_provider_client_receipt,
@@ -68,6 +72,25 @@ def owners_of(answer: ActiveSessionsSnapshot) -> dict[str, str | None]:
         owners.update({p.receipt: session.session_id for p in session.processes if p.receipt})
     owners.update({p.receipt: None for p in answer.unowned if isinstance(p.receipt, str)})
     return owners
+
+
+def pid_of(answer: ActiveSessionsSnapshot, receipt: str) -> int | None:
+    """The pid the answer lists for ``receipt`` (a path relative to the home), if any."""
+    processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
+    return next((p.pid for p in processes if p.receipt == receipt), None)
+
+
+def receipt_bytes(relative: str, pid: int, started_at_s: float) -> bytes:
+    """A valid receipt of the kind its path (relative to the home) says, for ``pid``."""
+    if relative.startswith("runtime/"):
+        exec_id = Path(relative).stem
+        exec_receipt = ExecReceipt(
+            schema_version=1, exec_id=exec_id, pid=pid, started_at=round(started_at_s)
+        )
+        return msgspec.json.encode(exec_receipt)
+    started_at = datetime.fromtimestamp(started_at_s, tz=UTC)
+    client = ProviderClientReceipt(schema_version=1, pid=pid, started_at=started_at)
+    return msgspec.json.encode(client)
 
 
 def _is_real_directory(path: Path) -> bool:

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
 import pytest
 from sessions_support import Sleepers
 from support import wait_until
@@ -35,6 +34,8 @@ from trust_support import (
     Trusted,
     entered_directories,
     links_under,
+    pid_of,
+    receipt_bytes,
     receipts_of,
     settles,
     trusted,
@@ -42,7 +43,6 @@ from trust_support import (
 )
 
 from capsule_client.protocol import ActiveSessionsSnapshot
-from capsule_client.receipts import ExecReceipt
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -303,18 +303,6 @@ def test_fifos_sockets_devices_and_directories_named_json_never_hold_it_up(
             os.close(fd)
 
 
-def exec_receipt_bytes(exec_id: str, pid: int, started_at_s: float) -> bytes:
-    receipt = ExecReceipt(
-        schema_version=1, exec_id=exec_id, pid=pid, started_at=round(started_at_s)
-    )
-    return msgspec.json.encode(receipt)
-
-
-def pid_of(answer: ActiveSessionsSnapshot, receipt: str) -> int | None:
-    processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
-    return next((p.pid for p in processes if p.receipt == receipt), None)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_receipt_written_in_place_in_two_parts_shows_its_final_content(
     short_dir: Path, pool: Sleepers, mode: str
@@ -322,7 +310,7 @@ def test_a_receipt_written_in_place_in_two_parts_shows_its_final_content(
     with trusted(short_dir, pool.start(), mode) as t:
         t.check()
         relative = "runtime/exec-processes/exe_half.json"
-        body = exec_receipt_bytes("exe_half", t.sleeper.pid, t.started_at_s)
+        body = receipt_bytes(relative, t.sleeper.pid, t.started_at_s)
         fd = os.open(t.home / relative, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, body[: len(body) // 2])
@@ -359,7 +347,7 @@ def test_a_receipt_rewritten_in_place_shows_its_new_process(
         with path.open("r+b") as file:
             file.truncate(0)
             file.flush()
-            file.write(exec_receipt_bytes("exe_moving", other.pid, time.time()))
+            file.write(receipt_bytes(relative, other.pid, time.time()))
         answer = settles(
             t.client.snapshot,
             lambda a: pid_of(a, relative) == other.pid,
@@ -472,7 +460,7 @@ def test_a_directory_moved_out_of_the_home_and_back(
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "replaced", ["runs/r1", "runs/r1/inp_a/provider-clients", "runtime/exec-processes"]
+    "replaced", ["runs", "runs/r1", "runs/r1/inp_a/provider-clients", "runtime/exec-processes"]
 )
 def test_a_directory_removed_and_made_again_at_once_is_watched_anew(
     short_dir: Path, pool: Sleepers, mode: str, replaced: str
@@ -498,22 +486,9 @@ def test_a_directory_removed_and_made_again_at_once_is_watched_anew(
 # A receipt directory that is itself a link, then real again
 
 
-RUNTIME_LINK_FOLLOWED = (
-    "the walk lists runtime/exec-processes (and reads runtime/opencode-servers.json) "
-    "through a runtime directory that is a symlink: only the last component is lstat-ed"
-)
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("when", WHEN)
-@pytest.mark.parametrize(
-    "linked",
-    [
-        "runs",
-        "runtime",
-        "runtime/exec-processes",
-    ],
-)
+@pytest.mark.parametrize("linked", ["runs", "runtime", "runtime/exec-processes"])
 def test_a_receipt_directory_that_is_a_link_is_read_once_it_is_real(
     short_dir: Path, pool: Sleepers, mode: str, when: str, linked: str
 ) -> None:

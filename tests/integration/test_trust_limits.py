@@ -20,11 +20,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from sessions_support import Sleepers
 from support import DaemonProcess, wait_until
@@ -35,6 +33,8 @@ from trust_support import (
     WATCH_LATENCY_S,
     Trusted,
     entered_directories,
+    pid_of,
+    receipt_bytes,
     receipts_of,
     settles,
     trusted,
@@ -42,10 +42,8 @@ from trust_support import (
 from userns import user_namespaces_work, with_inotify_limit
 
 from capsule_client import Client
-from capsule_client.protocol import ActiveSessionsSnapshot, WatchStatus
+from capsule_client.protocol import WatchStatus
 from capsule_client.receipts import (
-    ExecReceipt,
-    ProviderClientReceipt,
     process_start_time,
     write_provider_client_receipt,
 )
@@ -61,29 +59,11 @@ def log_events(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
     return [line for line in lines if line.get("event") == event]
 
 
-def pid_of(answer: ActiveSessionsSnapshot, receipt: str) -> int | None:
-    processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
-    return next((p.pid for p in processes if p.receipt == receipt), None)
-
-
 def dead_pid(pool: Sleepers) -> int:
     """The pid of a process that has exited and been reaped."""
     process = pool.start()
     pool.kill(process)
     return process.pid
-
-
-def receipt_bytes(relative: str, pid: int, started_at_s: float) -> bytes:
-    """A valid receipt of the kind its path says, for ``pid``."""
-    if relative.startswith("runtime/"):
-        exec_id = Path(relative).stem
-        return msgspec.json.encode(
-            ExecReceipt(schema_version=1, exec_id=exec_id, pid=pid, started_at=round(started_at_s))
-        )
-    started_at = datetime.fromtimestamp(started_at_s, tz=UTC)
-    return msgspec.json.encode(
-        ProviderClientReceipt(schema_version=1, pid=pid, started_at=started_at)
-    )
 
 
 def rewrite_in_place(path: Path, data: bytes) -> None:
