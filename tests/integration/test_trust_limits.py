@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -383,6 +384,80 @@ def test_read_your_writes_holds_while_the_queue_overflows(short_dir: Path, pool:
         assert t.watch().overflows >= 1
         assert len(asked) >= 3, asked  # answers asked for during the burst
         assert wrong == []
+        t.check()
+
+
+@contextmanager
+def stopped(daemon: DaemonProcess) -> Iterator[None]:
+    """The daemon stopped (SIGSTOP) meanwhile: events pile up in the kernel's queue."""
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+
+
+def swap(t: Trusted, one: str, two: str) -> None:
+    (t.home / one).rename(t.home / "runs/swap")
+    (t.home / two).rename(t.home / one)
+    (t.home / "runs/swap").rename(t.home / two)
+    t.expected = {
+        r.replace(one + "/", "\0").replace(two + "/", one + "/").replace("\0", two + "/")
+        for r in t.expected
+    }
+
+
+RENAMED_UNSEEN_UNWATCHED = (
+    "after an overflow, a directory renamed while events were lost is added under its new "
+    "path, gets the wd still mapped to its old path, is skipped as 'already watched by "
+    "another path', and the old path's watch is then removed as gone: nothing watches it"
+)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            "native", marks=pytest.mark.xfail(strict=True, reason=RENAMED_UNSEEN_UNWATCHED)
+        ),
+        "polling",
+    ],
+)
+@pytest.mark.parametrize("moves", ["renamed", "swapped", "moved_to_another_run"])
+def test_a_directory_renamed_while_events_were_lost_is_heard_under_its_new_name(
+    short_dir: Path, pool: Sleepers, mode: str, moves: str
+) -> None:
+    def inputs(t: Trusted) -> None:
+        t.client_receipt("r1", "inp_a", "c1")
+        t.client_receipt("r1", "inp_b", "c1")
+        t.client_receipt("r2", "inp_c", "c1")
+
+    with ExitStack() as stack:
+        with inotify_queue_of(64) if mode == "native" else ExitStack():
+            t = stack.enter_context(trusted(short_dir, pool.start(), mode, before_start=inputs))
+        t.check()
+        with stopped(t.daemon):
+            for n in range(50):  # five events each: far more than the queue holds
+                relative = f"runtime/exec-processes/exe_lost{n}.json"
+                write_like_the_kit(
+                    t.home / relative, receipt_bytes(relative, t.sleeper.pid, t.started_at_s)
+                )
+                t.expected.add(relative)
+            # Made after the queue overflowed: these events are lost.
+            if moves == "renamed":
+                (t.home / "runs/r1/inp_a").rename(t.home / "runs/r1/inp_z")
+                t.expected = {r.replace("runs/r1/inp_a/", "runs/r1/inp_z/") for r in t.expected}
+            elif moves == "swapped":
+                swap(t, "runs/r1/inp_a", "runs/r1/inp_b")
+            else:
+                (t.home / "runs/r1/inp_b").rename(t.home / "runs/r2/inp_b")
+                t.expected = {r.replace("runs/r1/inp_b/", "runs/r2/inp_b/") for r in t.expected}
+        if mode == "native":
+            settles(
+                t.watch, lambda w: w.overflows >= 1, timeout_s=WATCH_LATENCY_S, what="an overflow"
+            )
+        t.plain("what happened while the daemon was stopped")
+        # Every real provider-clients directory gets a receipt: the moved ones must be heard.
         t.check()
 
 
