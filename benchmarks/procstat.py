@@ -42,10 +42,18 @@ def process_count() -> int:
 
 @dataclass(frozen=True, slots=True)
 class ThreadReading:
-    """One thread's counters at one moment."""
+    """One thread's counters at one moment.
+
+    Attributes:
+        name: its ``comm``.
+        switches: voluntary and nonvoluntary context switches.
+        preempted: of which nonvoluntary (it was running and something else ran).
+        runtime_ns: its ``schedstat`` run time (0 where the kernel has none).
+    """
 
     name: str
     switches: int
+    preempted: int
     runtime_ns: int
 
 
@@ -53,11 +61,14 @@ def _read_thread(task: str) -> ThreadReading | None:
     try:
         with open(f"{task}/comm", encoding="utf-8", errors="replace") as comm:
             name = comm.read().strip()
-        switches = 0
+        switches = preempted = 0
         with open(f"{task}/status", encoding="ascii", errors="replace") as status:
             for line in status:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                if line.startswith("voluntary_ctxt_switches"):
                     switches += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    preempted += int(line.split()[1])
+        switches += preempted
         runtime_ns = 0
         try:
             with open(f"{task}/schedstat", encoding="ascii") as schedstat:
@@ -66,7 +77,7 @@ def _read_thread(task: str) -> ThreadReading | None:
             pass  # no schedstat in this kernel: the tick figure stands alone
     except OSError:
         return None  # the thread exited meanwhile
-    return ThreadReading(name, switches, runtime_ns)
+    return ThreadReading(name, switches, preempted, runtime_ns)
 
 
 def read_threads(pid: int) -> dict[int, ThreadReading]:
@@ -93,8 +104,10 @@ class IdleFigures:
         runtime_s: the threads' ``schedstat`` run time over it (nanosecond
             counters; a thread's part after its last reading is missing).
         switches: context switches of every thread over it.
+        preempted: of which nonvoluntary.
         by_thread: switches per thread, ``(tid, name)``: the main thread's
             tid is the pid.
+        preempted_by_thread: nonvoluntary switches per thread, the same keys.
         threads: threads seen.
     """
 
@@ -102,7 +115,9 @@ class IdleFigures:
     cpu_s: float
     runtime_s: float
     switches: int
+    preempted: int
     by_thread: Mapping[tuple[int, str], int]
+    preempted_by_thread: Mapping[tuple[int, str], int]
     threads: int
 
     @property
@@ -134,17 +149,22 @@ class _Tracked:
 
     def figures(self, seconds: float) -> IdleFigures:
         by_thread: dict[tuple[int, str], int] = {}
+        preempted: dict[tuple[int, str], int] = {}
         runtime_ns = 0
         for tid, last in self.last.items():
             first = self.first.get(tid)
-            by_thread[(tid, last.name)] = last.switches - (first.switches if first else 0)
+            key = (tid, last.name)
+            by_thread[key] = last.switches - (first.switches if first else 0)
+            preempted[key] = last.preempted - (first.preempted if first else 0)
             runtime_ns += last.runtime_ns - (first.runtime_ns if first else 0)
         return IdleFigures(
             seconds=seconds,
             cpu_s=cpu_s(self.pid) - self.cpu_s,
             runtime_s=runtime_ns / 1e9,
             switches=sum(by_thread.values()),
+            preempted=sum(preempted.values()),
             by_thread=by_thread,
+            preempted_by_thread=preempted,
             threads=len(by_thread),
         )
 

@@ -136,11 +136,15 @@ def _cells(figures: IdleFigures) -> list[str]:
 
 
 def _threads(figures: IdleFigures, pid: int) -> str:
+    """Wake-ups per second of the main thread and of the others, each with its preempted part."""
     main = sum(n for (tid, _), n in figures.by_thread.items() if tid == pid)
-    others = figures.switches - main
+    main_preempted = sum(n for (tid, _), n in figures.preempted_by_thread.items() if tid == pid)
+    others, others_preempted = figures.switches - main, figures.preempted - main_preempted
+    per_s = figures.seconds
     return (
-        f"main thread {main / figures.seconds:.2f}/s, {figures.threads - 1} other thread(s) "
-        f"{others / figures.seconds:.2f}/s"
+        f"main thread {main / per_s:.2f}/s ({main_preempted / per_s:.2f} preempted), "
+        f"{figures.threads - 1} other thread(s) {others / per_s:.2f}/s "
+        f"({others_preempted / per_s:.2f} preempted)"
     )
 
 
@@ -276,7 +280,8 @@ def run(ctx: Context) -> Outcome:
         "The second window of each home runs with extra `sleep` processes started to bring "
         f"the machine to about {MANY_PROCESSES} processes (other work on the machine makes "
         "the first row's count what it is).",
-        "The daemon's wake-ups by thread: "
+        "The daemon's wake-ups by thread ('preempted': the nonvoluntary switches, when the "
+        "thread was running and the kernel ran something else): "
         + "; ".join(f"{where}: {text}" for where, text in threads.items())
         + ".",
     ]
