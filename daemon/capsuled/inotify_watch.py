@@ -209,20 +209,28 @@ class InotifyWatch:
             return None
         if not stat.S_ISDIR(before.st_mode):
             return None  # a link or a file: nothing to watch
-        try:
-            wd = int(self._inotify.add_watch(path, mask))
-        except OSError as exc:
-            if exc.errno in _NOT_A_DIRECTORY:
-                return None  # gone, or a link now
-            if not parts:
-                raise  # the home cannot be watched: the caller polls instead
-            self._poll_instead(parts, exc)
-            return None
-        known = self._paths.get(wd)
-        if known is not None and known != parts:
-            # The same directory by a second path (a bind mount, or a race
-            # with a rename): the first path stays the watch's only one.
-            log.debug("directory already watched by another path", path=path, first=known)
+        for _ in range(2):
+            try:
+                wd = int(self._inotify.add_watch(path, mask))
+            except OSError as exc:
+                if exc.errno in _NOT_A_DIRECTORY:
+                    return None  # gone, or a link now
+                if not parts:
+                    raise  # the home cannot be watched: the caller polls instead
+                self._poll_instead(parts, exc)
+                return None
+            known = self._paths.get(wd)
+            if known is None or known == parts:
+                break
+            if self._leads_to(known, before):
+                # The same directory by a second path (a bind mount): the
+                # first path stays the watch's only one.
+                log.debug("directory already watched by another path", path=path, first=known)
+                return None
+            # Renamed unseen (its events were lost): its old path is not its
+            # own any more. Forget it (and below), then watch it here afresh.
+            self._forget_below(known)
+        else:
             return None
         old = self._wds.get(parts)
         if old is not None and old != wd:  # the path's directory was replaced unseen
@@ -235,6 +243,14 @@ class InotifyWatch:
             self._polled.discard(parts)
             self._poller.forget(parts)
         return wd
+
+    def _leads_to(self, parts: Parts, st: os.stat_result) -> bool:
+        """Whether the path ``parts`` is (still) the directory ``st`` describes."""
+        try:
+            here = os.lstat(os.path.join(self._home, *parts))
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
     def _add_below(self, parts: Parts, *, recheck: bool = False) -> None:
         """Add the watches of the entered directories below ``parts`` (its own is added).

@@ -407,22 +407,7 @@ def swap(t: Trusted, one: str, two: str) -> None:
     }
 
 
-RENAMED_UNSEEN_UNWATCHED = (
-    "after an overflow, a directory renamed while events were lost is added under its new "
-    "path, gets the wd still mapped to its old path, is skipped as 'already watched by "
-    "another path', and the old path's watch is then removed as gone: nothing watches it"
-)
-
-
-@pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(
-            "native", marks=pytest.mark.xfail(strict=True, reason=RENAMED_UNSEEN_UNWATCHED)
-        ),
-        "polling",
-    ],
-)
+@pytest.mark.parametrize("mode", ["native", "polling"])
 @pytest.mark.parametrize("moves", ["renamed", "swapped", "moved_to_another_run"])
 def test_a_directory_renamed_while_events_were_lost_is_heard_under_its_new_name(
     short_dir: Path, pool: Sleepers, mode: str, moves: str
