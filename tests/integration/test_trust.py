@@ -218,6 +218,7 @@ def test_a_linked_receipt_is_a_gap_and_hides_no_real_one(
     clients = f"runs/{REAL_RUN}/{REAL_INPUT}/provider-clients"
     linked = [f"{execs}/x.json", f"{execs}/alias.json", f"{execs}/dangling.json"]
     linked += [f"{clients}/alias.json", f"{clients}/outside.json"]
+    linked.append("runtime/opencode-servers.json")
 
     def link_receipts(t: Trusted) -> None:
         # A live receipt outside the home; a real one in the home, reached by a second name.
@@ -230,12 +231,16 @@ def test_a_linked_receipt_is_a_gap_and_hides_no_real_one(
         (t.home / clients / "alias.json").symlink_to("real.json")
         outside_client = t.client_receipt("r_out", "inp_out", "c1", home=t.outside)
         (t.home / clients / "outside.json").symlink_to(outside_client)
+        # The servers registry too: a live server in a registry outside the home.
+        registry = t.outside / "opencode-servers.json"
+        registry.write_text(json.dumps([{"opencode_pid": t.sleeper.pid}]))
+        (t.home / "runtime/opencode-servers.json").symlink_to(registry)
 
     def gaps_named(answer: ActiveSessionsSnapshot) -> list[str]:
         return sorted(
             path
             for path in linked
-            if f"{t.home / path}: is a symbolic link; receipts are not followed" in answer.gaps
+            if any(g.startswith(f"{t.home / path}: ") and "symbolic link" in g for g in answer.gaps)
         )
 
     made_first = link_receipts if when == "at_start" else None
@@ -244,7 +249,8 @@ def test_a_linked_receipt_is_a_gap_and_hides_no_real_one(
             t.check()
             link_receipts(t)
         answer = t.check()  # the real receipts, once each, at their real paths
-        assert gaps_named(answer) == sorted(linked)
+        assert gaps_named(answer) == sorted(linked), answer.gaps
+        assert answer.servers == []
         for link in links_under(t.home):
             link.unlink()
         answer = t.check()
@@ -301,6 +307,32 @@ def test_fifos_sockets_devices_and_directories_named_json_never_hold_it_up(
             listener.close()
         for fd in fifo_writers:
             os.close(fd)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fifo_where_the_store_goes_is_unavailable_at_once_then_ready_again(
+    short_dir: Path, pool: Sleepers, mode: str
+) -> None:
+    with trusted(short_dir, pool.start(), mode) as t:
+        t.check()
+        store = t.home / "capsule.db"
+        for name in ("capsule.db", "capsule.db-wal", "capsule.db-shm"):
+            (t.home / name).unlink(missing_ok=True)
+        os.mkfifo(store, 0o600)
+        writer = os.open(store, os.O_RDWR | os.O_NONBLOCK)  # a blocking read would wait forever
+        try:
+            began = time.monotonic()
+            answer = t.client.snapshot(max_age_ms=0)  # the next answer, at once
+            assert time.monotonic() - began < WATCH_LATENCY_S
+            assert answer.discovery == "unavailable", answer
+            assert "not a regular file" in answer.gaps[0], answer.gaps
+            assert answer.sessions == [] and answer.unowned == []
+        finally:
+            os.close(writer)
+        store.unlink()
+        t.input_owners.clear()  # a new store: nobody owns anything until the check registers
+        t.exec_owners.clear()
+        t.check()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -430,7 +462,13 @@ def test_an_input_renamed_within_the_home_is_heard_under_its_new_name(
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "moved",
-    ["runs/r1/inp_a", "runs/r1", "runs/r1/inp_a/provider-clients", "runtime/exec-processes"],
+    [
+        "runs/r1/inp_a",
+        "runs/r1",
+        "runs/r1/inp_a/provider-clients",
+        "runtime/exec-processes",
+        "runtime",
+    ],
 )
 def test_a_directory_moved_out_of_the_home_and_back(
     short_dir: Path, pool: Sleepers, mode: str, moved: str

@@ -509,12 +509,19 @@ def test_a_directory_past_the_watch_limit_is_polled_and_heard(
         check_the_limit("the new directories polled")
         assert mode == "polling" or t.watch().polled_directories > 0
         t.check()
+        # A polled directory renamed: polled, and heard, under its new name.
+        (t.home / "runs/r_new").rename(t.home / "runs/r_renamed")
+        t.expected = {r.replace("runs/r_new/", "runs/r_renamed/") for r in t.expected}
+        t.client_receipt("r_renamed", "inp_new", "renamed")
+        t.plain("a receipt in a polled directory renamed")
+        check_the_limit("the renamed directory polled")
+        t.check()
         # Watches freed (a run removed): polled directories are watched in their place.
         shutil.rmtree(t.home / "runs/r_spare")
         t.forget_under("runs/r_spare")
         check_the_limit("polled directories watched again")
         t.check()
-        t.client_receipt("r_new", "inp_new", "c2")
+        t.client_receipt("r_renamed", "inp_new", "c2")
         t.plain("a receipt in a directory watched again")
     assert mode == "polling" or "cannot watch a directory; polling it instead" in t.daemon.logs()
 
