@@ -446,6 +446,36 @@ def test_a_directory_renamed_while_events_were_lost_is_heard_under_its_new_name(
         t.check()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_changes_made_while_the_daemon_was_stopped_are_all_heard(
+    short_dir: Path, pool: Sleepers, mode: str
+) -> None:
+    def runs(t: Trusted) -> None:
+        for run, input_id in (("r1", "inp_a"), ("r2", "inp_b"), ("r3", "inp_c")):
+            t.client_receipt(run, input_id, "c1")
+
+    with trusted(short_dir, pool.start(), mode, before_start=runs) as t:
+        t.check()
+        with stopped(t.daemon):  # the queue holds every event: nothing is lost
+            (t.home / "runs/r1/inp_a").rename(t.home / "runs/r1/inp_z")
+            t.expected = {r.replace("runs/r1/inp_a/", "runs/r1/inp_z/") for r in t.expected}
+            t.client_receipt("r1", "inp_z", "while_stopped")
+            shutil.rmtree(t.home / "runs/r2")
+            t.forget_under("runs/r2")
+            (t.home / "runs/r2").symlink_to("r3")
+            staged = t.client_receipt("r_staged", "inp_s", "c1", home=t.outside).parents[2]
+            (t.home / "runs/r4").mkdir()
+            staged.rename(t.home / "runs/r4")  # a run prepared elsewhere, renamed over an empty one
+            t.expected.add("runs/r4/inp_s/provider-clients/c1.json")
+            exec_receipt = t.exec_receipt("exe_stopped")
+            exec_receipt.rename(exec_receipt.with_name("exe_renamed.json"))
+            t.expected = (t.expected - {t.relative(exec_receipt)}) | {
+                t.relative(exec_receipt.with_name("exe_renamed.json"))
+            }
+        t.plain("what changed while the daemon was stopped")
+        t.check()
+
+
 # --------------------------------------------------------------------------
 # The watch limit
 
