@@ -407,7 +407,7 @@ def swap(t: Trusted, one: str, two: str) -> None:
     }
 
 
-@pytest.mark.parametrize("mode", ["native", "polling"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("moves", ["renamed", "swapped", "moved_to_another_run"])
 def test_a_directory_renamed_while_events_were_lost_is_heard_under_its_new_name(
     short_dir: Path, pool: Sleepers, mode: str, moves: str
