@@ -591,7 +591,12 @@ def test_an_idle_daemon_observes_nothing_while_another_program_reads_the_home(
     with trusted(short_dir, pool.start(), mode) as t:
         cwd_to_the_home(t)
         cycles_and_dangling_links(t)
-        t.check()
+        # Gaps that stay: a broken receipt, a FIFO, a linked receipt.
+        execs = t.home / "runtime/exec-processes"
+        (execs / "broken.json").write_bytes(b'{"schema_version": 1, "pid": ')
+        os.mkfifo(execs / "fifo.json", 0o600)
+        (execs / "linked.json").symlink_to(t.exec_receipt("exe_elsewhere", home=t.outside))
+        assert len(t.check().gaps) >= 3
         counts: list[int] = []
 
         def settled() -> bool:
