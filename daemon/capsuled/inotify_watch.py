@@ -20,7 +20,6 @@ thread, no polling step). The rules (docs/design.md §8 "The watch"):
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import stat
 import time
@@ -33,15 +32,13 @@ import structlog
 from inotify_simple import INotify, flags
 
 from .changes import ChangeFeed
+from .cookies import Cookies
 from .layout import STORE_FILES, Parts, entered, reader_cares
 from .polling import Look, Poller, open_directory
 
-__all__ = ["COOKIE_PREFIX", "InotifyWatch", "WatchLost"]
+__all__ = ["InotifyWatch", "WatchLost"]
 
 log = structlog.get_logger("capsuled.watcher")
-
-#: Cookie files: hidden (the reader never sees them), named by the daemon's pid.
-COOKIE_PREFIX: Final = ".capsuled-cookie-"
 
 _MASK: Final = (
     flags.CREATE
@@ -94,10 +91,8 @@ class InotifyWatch:
         self._children: dict[Parts, set[Parts]] = {}  # watched or polled, by parent
         self._polled: set[Parts] = set()
         self._poller = Poller(home)
-        self._cookies: dict[str, anyio.Event] = {}
-        self._cookie_numbers = itertools.count(1)
+        self._cookies = Cookies(home, feed)
         self._walk_owed = False  # completing the watch after an overflow
-        self._cookie_failed = False
         self.overflows = 0
         self.add_failures = 0
 
@@ -129,7 +124,7 @@ class InotifyWatch:
             await self._read_forever(inotify)
         finally:
             self._inotify = None
-            self._release_cookies()
+            self._cookies.release()
             anyio.notify_closing(inotify.fileno())
             inotify.close()
 
@@ -142,27 +137,7 @@ class InotifyWatch:
         """
         if self._inotify is None:
             return
-        name = f"{COOKIE_PREFIX}{os.getpid()}-{next(self._cookie_numbers)}"
-        arrived = self._cookies[name] = anyio.Event()
-        path = os.path.join(self._home, name)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        except OSError as exc:
-            self._cookies.pop(name, None)
-            # A read-only home, a full disk: warned about once, a walk each time.
-            level = log.debug if self._cookie_failed else log.warning
-            level("cannot create a cookie in the home; walking instead", cause=str(exc))
-            self._cookie_failed = True
-            self._feed.request_rescan()
-            return
-        try:
-            await arrived.wait()
-        finally:
-            self._cookies.pop(name, None)
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        await self._cookies.barrier()
         if self._polled and self._inotify is not None:
             self._poll_unwatched()  # what the cookie cannot vouch for
 
@@ -394,12 +369,11 @@ class InotifyWatch:
         """One event about an entry of a watched directory, into ``look``."""
         name = child[-1]
         if name.startswith("."):
-            arrived = self._cookies.get(name) if len(child) == 1 else None
-            if arrived is not None:
+            if len(child) == 1 and self._cookies.ours(name):
                 self._flush(look)  # everything before the cookie is fed first
                 look.paths.clear()
                 look.store = False
-                arrived.set()
+                self._cookies.arrived(name)
             return
         if child in STORE_FILES:
             look.store = True
@@ -432,11 +406,7 @@ class InotifyWatch:
         )
         self._feed.request_rescan()
         self._walk_owed = True
-        self._release_cookies()  # the walk owed covers whatever they waited for
-
-    def _release_cookies(self) -> None:
-        for arrived in self._cookies.values():
-            arrived.set()
+        self._cookies.release()  # the walk owed covers whatever they waited for
 
     def _poll_unwatched(self) -> None:
         """Retry each unwatched directory; poll the ones that still cannot be watched."""

@@ -25,7 +25,8 @@ from watchfiles import Change
 from watchfiles._rust_notify import RustNotify, WatchfilesRustInternalError
 
 from .changes import ChangeFeed
-from .inotify_watch import COOKIE_PREFIX, WatchLost
+from .cookies import Cookies
+from .inotify_watch import WatchLost
 from .layout import STORE_FILES, Parts, reader_cares
 
 __all__ = ["WatchfilesWatch"]
@@ -59,9 +60,8 @@ class WatchfilesWatch:
         self._step_ms = step_ms
         self._debounce_ms = debounce_ms
         self._limiter = anyio.CapacityLimiter(1)
-        self._cookies: dict[str, anyio.Event] = {}
+        self._cookies = Cookies(home, feed)
         self._running = False
-        self._numbers = 0
 
     @property
     def watched(self) -> int:
@@ -91,29 +91,13 @@ class WatchfilesWatch:
         finally:
             stop.set()
             self._running = False
-            for arrived in self._cookies.values():
-                arrived.set()
+            self._cookies.release()
             notify.close()
 
     async def sync(self) -> None:
         """Wait until a cookie created now is reported (every earlier change is fed)."""
-        if not self._running:
-            return
-        self._numbers += 1
-        name = f"{COOKIE_PREFIX}{os.getpid()}-{self._numbers}"
-        arrived = self._cookies[name] = anyio.Event()
-        path = os.path.join(self._home, name)
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            await arrived.wait()
-        except OSError:
-            self._feed.request_rescan()
-        finally:
-            self._cookies.pop(name, None)
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        if self._running:
+            await self._cookies.barrier()
 
     async def _pump(self, notify: RustNotify, stop: threading.Event) -> None:
         while True:
@@ -142,7 +126,7 @@ class WatchfilesWatch:
                 if kind == Change.deleted:
                     raise WatchLost("the home was deleted")
                 continue
-            if len(parts) == 1 and parts[0] in self._cookies:
+            if len(parts) == 1 and self._cookies.ours(parts[0]):
                 cookies.append(parts[0])
             elif parts in STORE_FILES:
                 store = True
@@ -153,7 +137,7 @@ class WatchfilesWatch:
         if store:
             self._feed.store_changed()
         for name in cookies:
-            self._cookies[name].set()
+            self._cookies.arrived(name)
 
 
 async def _set_when_cancelled(stop: threading.Event) -> None:
