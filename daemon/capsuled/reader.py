@@ -1304,15 +1304,6 @@ class ActiveSessionReader:
         self._cost.receipts += 1
         read_ns = time.time_ns()
         try:
-            before = os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            self._forget(path)
-            return
-        except OSError as exc:
-            self._drop(self._key(path))
-            self._set_error(path, f"cannot stat receipt: {_describe(exc)}", kind, None)
-            return
-        try:
             loaded = self._load(path)
             if loaded is None:
                 self._forget(path)
@@ -1325,7 +1316,7 @@ class ActiveSessionReader:
             )
         except ReceiptError as exc:
             self._drop(self._key(path))
-            self._set_error(path, str(exc), kind, self._signature(before, read_ns))
+            self._set_error(path, str(exc), kind, self._error_signature(path, read_ns))
             return
         self._clear_error(path)
         key = self._key(path)
@@ -1336,6 +1327,20 @@ class ActiveSessionReader:
             self._put(key, candidate)
         else:
             self._drop(key)
+
+    @staticmethod
+    def _error_signature(path: str, read_ns: int) -> _Signature | None:
+        """The signature of a receipt that failed, taken after the attempt.
+
+        Taken after, not before (the open's own ``fstat`` is the signature of
+        what a good read read): a write after the attempt leaves a timestamp
+        inside the racy window, which makes the signature unstable, so the
+        next check reads it again instead of trusting it.
+        """
+        try:
+            return _Signature.of(os.lstat(path), read_ns)
+        except OSError:
+            return None
 
     def _signature(self, st: os.stat_result, read_ns: int) -> _Signature | None:
         """What a later ``stat`` check compares (verification; each observation without a watch)."""
