@@ -30,8 +30,11 @@ def trusting(world: World) -> ActiveSessionReader:
 
 
 def verify(reader: ActiveSessionReader, barrier_ns: int | None = None) -> Observation:
-    """A verifying observation whose barrier is now (every change before it is old)."""
-    return reader.observe(verify_barrier_ns=time.time_ns() if barrier_ns is None else barrier_ns)
+    """A verifying observation; by default one whose barrier comes later than every
+    change made so far by more than the racy margin (a ctime cannot be set back)."""
+    if barrier_ns is None:
+        barrier_ns = time.time_ns() + RACY_MARGIN_NS + 1
+    return reader.observe(verify_barrier_ns=barrier_ns)
 
 
 def age(path: Path, seconds: float = 5.0) -> None:
@@ -82,8 +85,7 @@ def test_a_candidate_rewritten_in_place_is_found(world: World) -> None:
     outside.write_bytes(donor.read_bytes())  # in place: same inode as the receipt
     donor.unlink()
     age(path.parent)
-    # The rewrite's ctime is now; the barrier of a run that comes later than the margin:
-    verified = verify(reader, time.time_ns() + RACY_MARGIN_NS + 1)
+    verified = verify(reader)
     assert [(p.pid, p.command) for p in verified.snapshot.unowned] == [(second.pid, "rewritten")]
     assert verified.verified is not None
     assert str(path) in verified.verified.missed

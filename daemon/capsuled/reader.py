@@ -771,7 +771,13 @@ class ActiveSessionReader:
             for path, racy in differing or ():
                 before = self._mutations
                 self._apply(path)
-                if self._mutations != before and not racy:
+                # A change during this run (its entry's own stamps are young)
+                # is still on its way through the watch: not a miss.
+                if (
+                    self._mutations != before
+                    and not racy
+                    and _older_than(path, barrier_ns - RACY_MARGIN_NS)
+                ):
                     missed.append(path)
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
         for path in [*(os.path.join(self._home, key) for key in self._candidates), *receipts]:
@@ -1094,15 +1100,17 @@ class ActiveSessionReader:
         for session_id in sorted(owners | owned_processes.keys()):
             processes = owned_processes.get(session_id)
             session = previous.by_id.get(session_id)
+            context = self._contexts.get(session_id)
             if (
                 session is None
                 or session_id in dirty
+                or session.context_id != context  # a session active through rows alone too
                 or processes != previous.owned_processes.get(session_id)
             ):
                 listed = self._groups.get(session_id, [])
                 if processes:
                     listed = sorted([*listed, *processes], key=_order)
-                session = Session(session_id, self._contexts.get(session_id), listed)
+                session = Session(session_id, context, listed)
             sessions.append(session)
             by_id[session_id] = session
         if len(sessions) == len(previous.sessions) and all(
