@@ -350,20 +350,19 @@ class InotifyWatch:
             if parts is None:
                 continue  # a watch removed since, or a second path's
             if event.mask & _GONE:
-                self._watch_gone(parts, event.wd, event.mask)
+                self._watch_gone(parts, event.mask)
             elif event.name:  # not the directory's own attributes
                 self._entry_changed((*parts, event.name), event.mask, look)
         self._flush(look)
 
-    def _watch_gone(self, parts: Parts, wd: int, mask: int) -> None:
+    def _watch_gone(self, parts: Parts, mask: int) -> None:
         """The watched directory itself was removed, moved or unmounted."""
         if not parts:
             raise WatchLost("the home was removed, moved or unmounted")
-        if mask & flags.MOVE_SELF:
-            self._forget_below(parts)  # followed elsewhere: its path is not its own
-        elif mask & flags.IGNORED:
-            self._wds.pop(parts, None)
-            self._paths.pop(wd, None)
+        if mask & (flags.MOVE_SELF | flags.IGNORED):
+            # Moved (the watch followed it elsewhere: its path is not its own)
+            # or gone: its watch, and any below it, stand for nothing now.
+            self._forget_below(parts)
 
     def _entry_changed(self, child: Parts, mask: int, look: Look) -> None:
         """One event about an entry of a watched directory, into ``look``."""
