@@ -15,18 +15,19 @@ What is compared, and why:
 * each active session's context id and the multiset of its processes as
   (kind, pid, started_at, receipt path, input id or exec id); the unowned
   receipts the same way; ``discovery == "ready"`` (nothing moves while the
-  test asks, so "scanning" would be wrong). The context of a session listed
-  only through owned processes is not compared (:func:`contexts_compared`).
+  test asks, so "scanning" would be wrong).
 * gaps loosely: the set of paths under the home that the gaps name must be
   the set of broken receipt paths (not JSON, invalid, a symlink, a FIFO, a
   directory, over 64 KiB), of ``runs`` and ``runtime/exec-processes`` when
   they are symlinks, and of the input directories whose name is not an input
   id that hold a live receipt. Wording is not compared; that the store is
   missing is compared as one flag.
-* not ``status.verification.changes_found``: a step that changes the home
-  while a verification run is under way may be counted as a change the
-  watch missed (:func:`test_a_change_made_while_verification_runs_is_not_counted_as_missed`),
-  so the count would flake.
+* ``status.verification.changes_found`` (changes the watch did not report,
+  found by the net under it) must not move, except across a rewrite through
+  a hard link outside the home, which no watch can see. A verification run
+  may land between a step and its snapshot and repair what the watch
+  missed; this count still tells. (Not checked while
+  :data:`CHECK_MISSED` is off: see there.)
 
 Hard links: the daemon runs with a short ``--verify-interval`` (and the
 per-step equality is checked at every step, hard-link steps included). The
@@ -39,9 +40,6 @@ grow with stale receipts (valid, pid not running), so a stale receipt made
 live through a hard link stays unseen until the next walk from scratch. That
 is the documented trade-off, exercised by
 :func:`test_a_stale_receipt_made_live_through_a_hard_link_waits_for_a_walk`.
-A verification run can land between a step and its snapshot and repair
-what the watch missed; at a few milliseconds per step against 0.25 s between
-runs, that hides a watch miss from a step in about one case in a hundred.
 
 No flakes by construction: every start time written is the process's own or
 offset by 2, 4 or 100 s, at least 0.5 s from each tolerance once rounded to
@@ -54,6 +52,7 @@ descendant.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -125,8 +124,13 @@ TABLES = ("sessions", "session_inputs", "session_execs", "session_processes")
 #: A pid that never runs: above the largest pid_max Linux allows (2**22).
 NEVER_PID = 4_194_311
 MAX_SLEEPERS = 6
-VERIFY_INTERVAL_S = 0.25
+VERIFY_INTERVAL_S = 0.1
 PICK = st.integers(min_value=0, max_value=11)
+#: Whether each step checks that verification found nothing the watch missed.
+#: Off to keep the suite green: every new input directory is counted as missed
+#: (test_a_new_input_directory_is_not_counted_as_missed_by_verification, xfail);
+#: turn it on when that test passes.
+CHECK_MISSED = False
 
 ProcessKey = tuple[str, int, int, str, str]  # kind, pid, started_at, receipt, input or exec id
 
@@ -394,21 +398,6 @@ def sessions_of(snapshot: ActiveSessionsSnapshot) -> dict[str, tuple[str | None,
     }
 
 
-def contexts_compared(
-    sessions: dict[str, tuple[str | None, list[ProcessKey]]],
-) -> dict[str, tuple[str | None, list[ProcessKey]]]:
-    """``sessions`` without the context of a session listed only through owned processes.
-
-    Such a session keeps the context it had when it was first listed (see
-    :func:`test_a_session_active_only_through_owned_processes_shows_its_new_context`);
-    comparing it would fail most runs on that one defect.
-    """
-    return {
-        session_id: (context if any(key[0] != "process" for key in keys) else "-", keys)
-        for session_id, (context, keys) in sessions.items()
-    }
-
-
 def gap_paths(snapshot: ActiveSessionsSnapshot) -> set[str]:
     """The paths under the home that the gaps name (``<path>: <why>``)."""
     prefix = snapshot.home + os.sep
@@ -506,12 +495,28 @@ def _pick(items: list[Any], pick: int) -> Any:
     return items[pick % len(items)] if items else None
 
 
+def runs_of(client: Client) -> int:
+    """Verification runs ended so far."""
+    verification = client.status().verification
+    assert verification is not None
+    return verification.runs
+
+
+def changes_found(client: Client) -> int:
+    """Changes the watch had not reported, found by verification so far."""
+    verification = client.status().verification
+    assert verification is not None
+    return verification.changes_found
+
+
 # ---------------------------------------------------------------------------
 # The state machine
 
 
 class ReaderModel(RuleBasedStateMachine):
     """One real daemon per run, on a fresh home; the reference checks every step."""
+
+    watch = "native"
 
     def __init__(self) -> None:
         super().__init__()
@@ -526,10 +531,13 @@ class ReaderModel(RuleBasedStateMachine):
         self.dead: list[int] = []
         self.numbers = iter(range(1, 1_000_000))
         self.daemon = DaemonProcess(
-            self.home, self.tmp / "d.sock", ["--verify-interval", str(VERIFY_INTERVAL_S)]
+            self.home,
+            self.tmp / "d.sock",
+            ["--watch", self.watch, "--verify-interval", str(VERIFY_INTERVAL_S)],
         )
         self.daemon.start()
         self.client = Client(self.daemon.socket_path)
+        self.missed = 0  # changes verification may have found: those made through hard links
 
     def teardown(self) -> None:
         self.client.close()
@@ -597,28 +605,30 @@ class ReaderModel(RuleBasedStateMachine):
 
     # -- a start worth changing ------------------------------------------------
 
-    @initialize(count=st.integers(min_value=1, max_value=3))
-    def start_sleepers(self, count: int) -> None:
-        for _ in range(count):
+    @initialize(
+        sleepers=st.integers(min_value=1, max_value=4), own=st.booleans(), write=st.booleans()
+    )
+    def set_up(self, sleepers: int, own: bool, write: bool) -> None:
+        """Sleepers; maybe ses_1 owning inp_a and exe_1, ses_2 inp_b and exe_2; maybe
+        live receipts in r1/inp_a, r2/inp_b and r2/x_bad, and exe_1 and exe_2."""
+        for _ in range(sleepers):
             self.start_sleep()
-
-    @initialize(own=st.booleans())
-    def own_some(self, own: bool) -> None:
-        """ses_1 owns inp_a and exe_1, ses_2 owns inp_b and exe_2."""
         if own:
             with self.store() as store:
                 for n, name in ((1, "a"), (2, "b")):
                     store.register_session(f"ses_{n}", context_id=f"ctx_{n}")
                     store.register_input(f"inp_{name}", f"ses_{n}")
                     store.register_exec(f"exe_{n}", f"ses_{n}")
-
-    @initialize(write=st.booleans())
-    def write_some(self, write: bool) -> None:
-        """A provider-client receipt in r1/inp_a and an exec receipt, both live."""
         if write:
-            pid, start = self.pid_of(0)
-            write_provider_client_receipt(self.home, "r1", "inp_a", "c1", pid, started_at_s=start)
-            write_exec_receipt(self.home, "exe_1", pid, started_at_s=start)
+            for n, (run, input_name) in enumerate((("r1", "inp_a"), ("r2", "inp_b"))):
+                pid, start = self.pid_of(n)
+                write_provider_client_receipt(
+                    self.home, run, input_name, "c1", pid, started_at_s=start
+                )
+                write_exec_receipt(self.home, f"exe_{n + 1}", pid, started_at_s=start)
+            pid, start = self.pid_of(2)
+            path = self.home / "runs" / "r2" / "x_bad" / "provider-clients" / "c1.json"
+            write_atomically(path, provider_body(pid, start))
 
     # -- processes -------------------------------------------------------------
 
@@ -744,47 +754,48 @@ class ReaderModel(RuleBasedStateMachine):
 
     # -- directories -----------------------------------------------------------
 
-    @rule(pick=PICK, run=st.sampled_from(RUNS), name=st.sampled_from((*INPUTS, "inp_c")))
-    def move_input_dir(self, pick: int, run: str, name: str) -> None:
-        source = _pick(self.input_entries(), pick)
-        if source is None or not _is_real_dir(self.home / "runs"):
-            return
-        try:
-            (self.home / "runs" / run).mkdir(mode=0o700, exist_ok=True)
-        except OSError:
-            return  # a symlink or a file named like the run
-        _rename(source, self.home / "runs" / run / name)
+    @rule(
+        what=st.sampled_from(
+            ("input", "input", "run", "park", "unpark", "write_parked", "root_out", "root_back")
+        ),
+        pick=PICK,
+        run=st.sampled_from(RUNS),
+        name=st.sampled_from(("inp_a", "inp_b", "x_bad", "inp_c", "r1", "r2")),
+    )
+    def move_dir(self, what: str, pick: int, run: str, name: str) -> None:
+        """An input directory renamed in the home, a run renamed, an input moved out and back."""
+        runs, park = self.home / "runs", self.outside / "park"
+        parked = [park / n for n in _names(park)]
+        if what == "input":
+            if _is_real_dir(runs) and (source := _pick(self.input_entries(), pick)):
+                with contextlib.suppress(OSError):  # a file or a link named like the run
+                    (runs / run).mkdir(mode=0o700, exist_ok=True)  # may be made just now
+                _rename(source, runs / run / name)
+        elif what == "run":
+            if source := _pick(
+                [runs / n for n in _names(runs)] if _is_real_dir(runs) else [], pick
+            ):
+                _rename(source, runs / name)
+        elif what == "park":
+            if source := _pick([p for p in self.input_entries() if _is_real_dir(p)], pick):
+                _rename(source, park / f"p{next(self.numbers)}")
+        elif what == "unpark":
+            if (source := _pick(parked, pick)) and _is_real_dir(runs / run):
+                _rename(source, runs / run / name)
+        elif what in ("root_out", "root_back"):
+            self.move_root(what == "root_out", pick)
+        elif directory := _pick(parked, pick):  # written while outside the home
+            pid, start = self.pid_of(pick)
+            write_atomically(directory / "provider-clients" / "c1.json", provider_body(pid, start))
 
-    @rule(pick=PICK, name=st.sampled_from((*RUNS, "r3")))
-    def move_run_dir(self, pick: int, name: str) -> None:
-        runs = self.home / "runs"
-        source = _pick([runs / n for n in _names(runs)] if _is_real_dir(runs) else [], pick)
-        if source is not None:
-            _rename(source, runs / name)
-
-    @rule(pick=PICK)
-    def park_input_dir_outside(self, pick: int) -> None:
-        source = _pick([p for p in self.input_entries() if _is_real_dir(p)], pick)
-        if source is not None:
-            _rename(source, self.outside / "park" / f"p{next(self.numbers)}")
-
-    @rule(pick=PICK, run=st.sampled_from(RUNS), name=st.sampled_from((*INPUTS, "inp_c")))
-    def bring_parked_dir_back(self, pick: int, run: str, name: str) -> None:
-        park = self.outside / "park"
-        source = _pick([park / n for n in _names(park)], pick)
-        if source is None or not _is_real_dir(self.home / "runs" / run):
-            return
-        _rename(source, self.home / "runs" / run / name)
-
-    @rule(pick=PICK, client=st.sampled_from(CLIENTS), who=PICK)
-    def write_into_parked_dir(self, pick: int, client: str, who: int) -> None:
-        park = self.outside / "park"
-        directory = _pick([park / n for n in _names(park)], pick)
-        if directory is not None:
-            pid, start = self.pid_of(who)
-            write_atomically(
-                directory / "provider-clients" / f"{client}.json", provider_body(pid, start)
-            )
+    def move_root(self, out: bool, pick: int) -> None:
+        """``runs`` or ``runtime/exec-processes`` moved out of the home, or back."""
+        root = (self.home / "runs", self.home / "runtime" / "exec-processes")[pick % 2]
+        away = self.outside / f"root-{root.name}"
+        if out and _lstat(away) is None:
+            _rename(root, away)
+        elif not out and _lstat(root) is None and _is_real_dir(root.parent):
+            _rename(away, root)
 
     @rule(pick=PICK)
     def remove_dir(self, pick: int) -> None:
@@ -870,6 +881,7 @@ class ReaderModel(RuleBasedStateMachine):
             timeout_s=10,
             message="two verification runs",
         )
+        self.missed = changes_found(self.client)
 
     # -- the store -------------------------------------------------------------
 
@@ -881,21 +893,26 @@ class ReaderModel(RuleBasedStateMachine):
         with self.store() as store:
             store.register_session(session_id, context_id=context_id)
 
-    @rule(input_id=st.sampled_from((*INPUTS, "inp_c")), session_id=st.sampled_from(SESSIONS))
-    def register_input(self, input_id: str, session_id: str) -> None:
+    @rule(key=st.sampled_from((*INPUTS, "inp_c", *EXEC_IDS)), session_id=st.sampled_from(SESSIONS))
+    def own(self, key: str, session_id: str) -> None:
+        """An input (or an exec) owned by a session, or moved to another."""
         with self.store() as store:
-            store.register_input(input_id, session_id)
-
-    @rule(exec_id=st.sampled_from(EXEC_IDS), session_id=st.sampled_from(SESSIONS))
-    def register_exec(self, exec_id: str, session_id: str) -> None:
-        with self.store() as store:
-            store.register_exec(exec_id, session_id)
+            if key.startswith("exe_"):
+                store.register_exec(key, session_id)
+            else:
+                store.register_input(key, session_id)
 
     @rule(who=PICK, session_id=st.sampled_from(SESSIONS), offset=st.sampled_from(ROW_OFFSETS))
     def register_process(self, who: int, session_id: str, offset: int) -> None:
         pid, start = self.pid_of(who)
         with self.store() as store:
             store.register_process(pid, session_id, started_at_s=start + offset)
+
+    @rule()
+    def remove_store(self) -> None:
+        """The store deleted while the daemon holds it open; a later write makes a new one."""
+        for suffix in ("", "-wal", "-shm"):
+            (self.home / f"capsule.db{suffix}").unlink(missing_ok=True)
 
     @rule(table=st.sampled_from(TABLES), pick=PICK)
     def delete_row(self, table: str, pick: int) -> None:
@@ -925,10 +942,18 @@ class ReaderModel(RuleBasedStateMachine):
     def snapshot_equals_reference(self) -> None:
         snapshot, expected = self.observe_both()
         assert snapshot.discovery == "ready", snapshot.gaps
-        assert contexts_compared(sessions_of(snapshot)) == contexts_compared(expected.sessions)
+        assert sessions_of(snapshot) == expected.sessions
         assert sorted(map(listed, snapshot.unowned)) == expected.unowned
         assert gap_paths(snapshot) == expected.broken, (snapshot.gaps, expected.broken)
         assert store_missing(snapshot) == (not expected.store_exists), snapshot.gaps
+        if CHECK_MISSED:
+            assert changes_found(self.client) == self.missed, "verification found a missed change"
+
+
+class PolledReaderModel(ReaderModel):
+    """The same, with the daemon's own ``lstat`` poller instead of inotify."""
+
+    watch = "polling"
 
 
 ReaderModel.TestCase.settings = settings(
@@ -937,11 +962,13 @@ ReaderModel.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+PolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=12)
 TestReaderModel = pytest.mark.slow(ReaderModel.TestCase)
+TestPolledReaderModel = pytest.mark.slow(PolledReaderModel.TestCase)
 
 
 # ---------------------------------------------------------------------------
-# Counterexamples the machine found, kept as plain tests
+# Counterexamples the machine found, shrunk to plain tests
 
 
 @pytest.fixture
@@ -965,24 +992,14 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         process.wait(timeout=10)
 
 
-def runs_of(client: Client) -> int:
-    verification = client.status().verification
-    assert verification is not None
-    return verification.runs
-
-
 def contexts(snapshot: ActiveSessionsSnapshot) -> dict[str, str | None]:
     return {session.session_id: session.context_id for session in snapshot.sessions}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a session active only through owned (pid, start) rows keeps the context it was"
-    " first listed with when its sessions row is added or changed",
-)
 def test_a_session_active_only_through_owned_processes_shows_its_new_context(
     place: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
+    """Its process list does not change; its row in ``sessions`` does."""
     home = place / "home"
     with DaemonProcess(home, place / "d.sock") as daemon, Client(daemon.socket_path) as client:
         with OwnershipStore(home / "capsule.db") as store:
@@ -991,16 +1008,16 @@ def test_a_session_active_only_through_owned_processes_shows_its_new_context(
         with OwnershipStore(home / "capsule.db") as store:
             store.register_session("ses_rows", context_id="ctx_rows")
         assert contexts(client.snapshot(max_age_ms=0)) == {"ses_rows": "ctx_rows"}
+        with OwnershipStore(home / "capsule.db") as store:
+            store.register_session("ses_rows", context_id="ctx_other")
+        assert contexts(client.snapshot(max_age_ms=0)) == {"ses_rows": "ctx_other"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verification counts a change made during its own run as one the watch missed"
-    " when it re-reads an entry of a directory listed before an earlier, reported change",
-)
 def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
     place: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
+    """A directory listed before receipts came into it is listed again by verification,
+    and each new entry read again; one written meanwhile was reported by the watch."""
     inotify_simple = pytest.importorskip("inotify_simple")
     home = place / "home"
     exec_dir = home / "runtime" / "exec-processes"
@@ -1038,9 +1055,32 @@ def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
             watch.close()
         wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
         assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
-        verification = client.status().verification
-        assert verification is not None
-        assert verification.changes_found == 0
+        assert changes_found(client) == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="verification lists again a run directory listed before a new input directory came"
+    " (reported by the watch); walking that input drops and re-adds its receipts, and that is"
+    " counted as a change the watch missed",
+)
+def test_a_new_input_directory_is_not_counted_as_missed_by_verification(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    home = place / "home"
+    (home / "runs" / "r1").mkdir(parents=True)  # listed by the first walk
+    args = ["--verify-interval", "1"]
+    with (
+        DaemonProcess(home, place / "d.sock", args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        wait_until(lambda: runs_of(client) >= 1, message="a verification run")
+        runs = runs_of(client)  # the next one is about a second away
+        write_provider_client_receipt(home, "r1", "inp_new", "c1", sleeper.pid)
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+        wait_until(lambda: runs_of(client) >= runs + 2, message="two verification runs")
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+        assert changes_found(client) == 0
 
 
 def test_an_input_dir_renamed_into_a_run_dir_just_made_is_heard_there(
