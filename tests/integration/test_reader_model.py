@@ -527,6 +527,7 @@ class ReaderModel(RuleBasedStateMachine):
         for name in ("park", "links", "loose"):
             (self.outside / name).mkdir(parents=True)
         self.sleepers: list[subprocess.Popen[bytes]] = []
+        self.zombies: list[subprocess.Popen[bytes]] = []
         self.starts: dict[int, float] = {}
         self.dead: list[int] = []
         self.numbers = iter(range(1, 1_000_000))
@@ -535,16 +536,21 @@ class ReaderModel(RuleBasedStateMachine):
             self.tmp / "d.sock",
             ["--watch", self.watch, "--verify-interval", str(VERIFY_INTERVAL_S)],
         )
-        self.daemon.start()
+        try:
+            self.daemon.start()
+        except BaseException:
+            self.teardown()
+            raise
         self.client = Client(self.daemon.socket_path)
         self.missed = 0  # changes verification may have found: those made through hard links
 
     def teardown(self) -> None:
-        self.client.close()
+        if hasattr(self, "client"):
+            self.client.close()
         if self.daemon.process is not None and self.daemon.process.poll() is None:
             self.daemon.process.kill()
             self.daemon.process.wait(timeout=10)
-        for process in self.sleepers:
+        for process in self.sleepers + self.zombies:
             process.kill()
             process.wait(timeout=10)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -640,11 +646,16 @@ class ReaderModel(RuleBasedStateMachine):
         self.starts[process.pid] = start_of(process.pid)
 
     @precondition(lambda self: self.sleepers)
-    @rule(who=PICK)
-    def kill_sleep(self, who: int) -> None:
+    @rule(who=PICK, reap=st.booleans())
+    def kill_sleep(self, who: int, reap: bool) -> None:
+        """Killed, and reaped or left a zombie (which is not live either)."""
         process = self.sleepers.pop(who % len(self.sleepers))
         process.kill()
-        process.wait(timeout=10)
+        if reap:
+            process.wait(timeout=10)
+        else:
+            self.zombies.append(process)
+            wait_until(lambda: process.pid not in sample_processes(), message="a zombie")
         self.dead = [*self.dead[-3:], process.pid]
 
     # -- receipts --------------------------------------------------------------
@@ -942,6 +953,7 @@ class ReaderModel(RuleBasedStateMachine):
     def snapshot_equals_reference(self) -> None:
         snapshot, expected = self.observe_both()
         assert snapshot.discovery == "ready", snapshot.gaps
+        assert snapshot.servers == []  # no servers registry is ever written
         assert sessions_of(snapshot) == expected.sessions
         assert sorted(map(listed, snapshot.unowned)) == expected.unowned
         assert gap_paths(snapshot) == expected.broken, (snapshot.gaps, expected.broken)
