@@ -581,6 +581,7 @@ class ActiveSessionReader:
         self._servers_signature: _Signature | None = None
         self._pending: set[str] = set()
         self._listings = Listings()
+        self._seen: set[str] | None = None  # paths read or errored while relisting
         self._linked_dirs: dict[str, bool] = {}  # parent → symlink on the way, per observation
         self._rescan = True
         self._cost = DiscoveryCost()
@@ -882,10 +883,31 @@ class ActiveSessionReader:
             kind = _Kind.EXEC if action is _Action.EXEC else _Kind.PROVIDER_CLIENT
             self._read_receipt(path, kind)
         elif action is _Action.WALK and parts is not None:
-            # Listed from scratch: what it held before (a directory renamed
-            # away and another put in its place) must not outlive it.
-            self._drop_under(path)
+            self._relist(path, parts)
+
+    def _relist(self, path: str, parts: _Parts) -> None:
+        """List a walked directory from scratch.
+
+        What it no longer holds (a directory renamed away and another put in
+        its place) is dropped; what it holds again is kept as it was, so a
+        listing that finds nothing new changes nothing (nor counts as a change).
+        """
+        self._listings.forget_under(path)  # listed again below, where still there
+        prefix = path + os.sep
+        key_prefix = self._key(prefix)
+        keys = [key for key in self._candidates if key.startswith(key_prefix)]
+        errors = [known for known in self._errors if known == path or known.startswith(prefix)]
+        self._seen = set()
+        try:
             self._scan(path, parts)
+        finally:
+            seen, self._seen = self._seen, None
+        for key in keys:
+            if os.path.join(self._home, key) not in seen:
+                self._drop(key)
+        for known in errors:
+            if known not in seen:
+                self._clear_error(known)
 
     def _through_symlink(self, path: str) -> bool:
         """Whether a directory between the home and ``path`` is a symlink.
@@ -1310,6 +1332,8 @@ class ActiveSessionReader:
         """Read, parse and judge one receipt; a failure is an error for its path, never raised."""
         self._check_cancelled()
         self._cost.receipts += 1
+        if self._seen is not None:
+            self._seen.add(path)
         read_ns = time.time_ns()
         try:
             loaded = self._load(path)
@@ -1419,6 +1443,8 @@ class ActiveSessionReader:
         path = os.path.join(self._home, *_SERVERS_PARTS)
         self._check_cancelled()
         self._cost.receipts += 1
+        if self._seen is not None:
+            self._seen.add(path)
         read_ns = time.time_ns()
         try:
             loaded = self._load(path) if self._runtime_is_real() else None
@@ -1455,6 +1481,8 @@ class ActiveSessionReader:
     def _set_error(
         self, path: str, message: str, kind: _Kind | None, signature: _Signature | None
     ) -> None:
+        if self._seen is not None:
+            self._seen.add(path)
         error = self._errors.get(path)
         if error is not None and error.message == message:
             error.kind, error.signature = kind, signature
@@ -1477,13 +1505,15 @@ class ActiveSessionReader:
 
 def _older_than(path: str, moment_ns: int) -> bool:
     """Whether the entry at ``path`` last changed before ``moment_ns`` (gone: yes)."""
-    try:
-        st = os.lstat(path)
-    except OSError:  # gone: when its directory last changed says when
+    while True:
         try:
-            st = os.lstat(os.path.dirname(path))
-        except OSError:
-            return True
+            st = os.lstat(path)
+            break
+        except OSError:  # gone: when the nearest directory still there last changed says when
+            parent = os.path.dirname(path)
+            if parent == path:
+                return True
+            path = parent
     return max(st.st_mtime_ns, st.st_ctime_ns) < moment_ns
 
 

@@ -26,8 +26,7 @@ What is compared, and why:
   found by the net under it) must not move, except across a rewrite through
   a hard link outside the home, which no watch can see. A verification run
   may land between a step and its snapshot and repair what the watch
-  missed; this count still tells. (Not checked while
-  :data:`CHECK_MISSED` is off: see there.)
+  missed; this count still tells.
 
 Hard links: the daemon runs with a short ``--verify-interval`` (and the
 per-step equality is checked at every step, hard-link steps included). The
@@ -128,10 +127,10 @@ VERIFY_INTERVAL_S = 0.1
 PICK = st.integers(min_value=0, max_value=11)
 #: Whether each step checks that verification found nothing the watch missed
 #: (no step makes a change the watch cannot see, except the hard-link rewrite,
-#: which is checked apart). Off to keep the suite green: a directory removed
-#: while a verification run is under way is counted as missed, now and then
-#: (test_a_directory_removed_while_verification_runs_is_not_counted_as_missed,
-#: xfail); turn it on when that test passes.
+#: which is checked apart). Off: about one run in seven, verification counts an
+#: input directory relisted from the run directory's listing as missed (the
+#: answer stays right; the count and its warning are wrong). Turn it on once
+#: that is found and fixed.
 CHECK_MISSED = False
 
 ProcessKey = tuple[str, int, int, str, str]  # kind, pid, started_at, receipt, input or exec id
@@ -1129,11 +1128,6 @@ def test_a_stale_receipt_made_live_through_a_hard_link_waits_for_a_walk(
         assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="verification counts as missed a receipt whose directory was removed during its own"
-    " run: with the parent gone too, the removal cannot be dated and is taken as old",
-)
 def test_a_directory_removed_while_verification_runs_is_not_counted_as_missed(
     place: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
