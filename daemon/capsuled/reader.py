@@ -780,6 +780,12 @@ class ActiveSessionReader:
                     and _older_than(path, barrier_ns - RACY_MARGIN_NS)
                 ):
                     missed.append(path)
+        for path in [path for path, error in self._errors.items() if error.kind is None]:
+            checked += 1
+            if not os.path.lexists(path):  # a directory's error, the directory gone
+                self._clear_error(path)
+                if _older_than(path, barrier_ns - RACY_MARGIN_NS):
+                    missed.append(path)
         receipts = [path for path, error in self._errors.items() if error.kind is not None]
         for path in [*(os.path.join(self._home, key) for key in self._candidates), *receipts]:
             checked += 1
