@@ -5,7 +5,7 @@
 ...     print(client.ping().version)
 
 ``Client`` blocks; ``AsyncClient`` is the same for anyio code. Both find the
-socket as SPEC §2 says and raise the exceptions listed in
+socket as docs/design.md §2 says and raise the exceptions listed in
 ``capsule_client._exceptions``. The wire types are in
 ``capsule_client.protocol``.
 """

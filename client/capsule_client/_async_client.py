@@ -116,7 +116,7 @@ class AsyncClient:
     async def reconcile(
         self, from_session: str, this_session: str, context_id: str
     ) -> LostReport | None:
-        """``session.reconcile`` (SPEC §6): what ``from_session`` left unaccounted, or ``None``."""
+        """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return await self._call(_core.reconcile(from_session, this_session, context_id))
 
     async def rescan(self) -> RescanResult:

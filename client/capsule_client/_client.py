@@ -32,7 +32,7 @@ class Client:
     """Talks to capsuled, blocking. Not thread-safe: one per thread.
 
     Args:
-        socket_path: the daemon's socket; default per SPEC §2
+        socket_path: the daemon's socket; default per docs/design.md §2
             (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
         timeout_s: seconds to wait for each reply (long polls wait longer).
         max_reply_bytes: the longest line accepted from the daemon (default
@@ -124,7 +124,7 @@ class Client:
         return Subscription(self, since)
 
     def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
-        """``session.reconcile`` (SPEC §6): what ``from_session`` left unaccounted, or ``None``."""
+        """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return self._call(_core.reconcile(from_session, this_session, context_id))
 
     def rescan(self) -> RescanResult:

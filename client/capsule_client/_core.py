@@ -158,7 +158,7 @@ class ClientCore:
     """Request ids, encoding, reply parsing and error mapping for one connection.
 
     Args:
-        socket_path: the daemon's socket; default per SPEC §2.
+        socket_path: the daemon's socket; default per docs/design.md §2.
         timeout_s: seconds to wait for each reply.
         max_reply_bytes: the longest line accepted from the daemon.
     """

@@ -116,7 +116,7 @@ class RemoteError(CapsuleError):
     """The daemon answered with a JSON-RPC error.
 
     Attributes:
-        code: the wire code (SPEC §7).
+        code: the wire code (docs/design.md §7).
         message: the daemon's message.
         data: the error's ``data`` member, or ``None``.
     """

@@ -1,4 +1,4 @@
-"""``capsulectl``: ask the daemon from a shell (SPEC §9).
+"""``capsulectl``: ask the daemon from a shell (docs/design.md §1).
 
 Exit status: 0 success, 1 the daemon answered an error (or the reply was
 lost or late), 2 bad usage, 3 the daemon is not running.

@@ -1,4 +1,4 @@
-"""Where capsuled's files are (SPEC §2).
+"""Where capsuled's files are (docs/design.md §2).
 
 Both the daemon and the clients resolve the home and the socket with these
 functions, so that a client started with the same environment as the daemon
@@ -32,7 +32,7 @@ def default_home(environ: Mapping[str, str] | None = None) -> Path:
     """The home directory runtimes write receipts into.
 
     ``$CAPSULE_HOME``, else ``$XDG_STATE_HOME/capsule``, else
-    ``~/.local/state/capsule`` (SPEC §2). Empty variables count as unset, and
+    ``~/.local/state/capsule`` (docs/design.md §2). Empty variables count as unset, and
     a relative ``$XDG_STATE_HOME`` is ignored, as the XDG base directory
     specification asks.
     """
@@ -57,7 +57,7 @@ def default_socket(home: Path | None = None, environ: Mapping[str, str] | None =
     """The daemon's Unix socket.
 
     ``$CAPSULED_SOCKET``, else ``$XDG_RUNTIME_DIR/capsuled.sock``, else
-    ``<home>/capsuled.sock`` (SPEC §2). An empty or relative
+    ``<home>/capsuled.sock`` (docs/design.md §2). An empty or relative
     ``$XDG_RUNTIME_DIR`` is ignored (XDG base directory specification).
     """
     env = os.environ if environ is None else environ
@@ -79,5 +79,5 @@ def records_root(home: Path) -> Path:
 
 
 def store_path(home: Path) -> Path:
-    """``<home>/capsule.db``: the ownership store (SPEC §4)."""
+    """``<home>/capsule.db``: the ownership store (docs/design.md §4)."""
     return home / "capsule.db"

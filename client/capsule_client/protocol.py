@@ -1,4 +1,4 @@
-"""Every type that crosses the capsuled socket (SPEC §7).
+"""Every type that crosses the capsuled socket (docs/design.md §7).
 
 The daemon and the clients share these ``msgspec.Struct`` definitions, so the
 wire format is written down exactly once.  The JSON-RPC 2.0 envelope is
@@ -12,7 +12,7 @@ Conventions on the wire:
 * times are Unix seconds (``observed_at``, ``started_at``) unless the name
   says ``_ms``;
 * optional members are omitted when absent, never sent as ``null``, except
-  where SPEC §7 gives ``null`` a meaning (``task``, ``context_id``);
+  where docs/design.md §7 gives ``null`` a meaning (``task``, ``context_id``);
 * unknown members in params are refused (-32602), so a misspelt parameter is
   an error instead of being silently ignored; unknown members in results are
   ignored by the client (forward compatibility).
@@ -77,7 +77,7 @@ __all__ = [
 JSONRPC_VERSION: Final = "2.0"
 
 #: A message (one line, without its ``\n``) longer than this gets -32600 and
-#: the connection is closed (SPEC §7).
+#: the connection is closed (docs/design.md §7).
 MAX_MESSAGE_BYTES: Final = 1024 * 1024
 
 # JSON-RPC 2.0 codes (https://www.jsonrpc.org/specification#error_object).
@@ -89,7 +89,7 @@ INTERNAL_ERROR: Final = -32603
 
 
 class ErrorCode:
-    """capsuled's own error codes (SPEC §7), beside the JSON-RPC ones."""
+    """capsuled's own error codes (docs/design.md §7), beside the JSON-RPC ones."""
 
     DISCOVERY_UNAVAILABLE: Final = -32001
     OVERLOADED: Final = -32002
@@ -171,7 +171,7 @@ NonNegativeMs = Annotated[int, Meta(ge=0, le=3_600_000)]
 
 
 class SnapshotParams(Struct, forbid_unknown_fields=True):
-    """Params of ``sessions.snapshot`` (SPEC §7).
+    """Params of ``sessions.snapshot`` (docs/design.md §7).
 
     Attributes:
         task: echoed back in the snapshot, for the caller's bookkeeping.
@@ -198,7 +198,7 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
 
 
 class SubscribeParams(Struct, forbid_unknown_fields=True):
-    """Params of ``sessions.subscribe`` (SPEC §7).
+    """Params of ``sessions.subscribe`` (docs/design.md §7).
 
     Attributes:
         since: a generation the caller already has. When it is the current
@@ -223,7 +223,7 @@ SessionName = Annotated[str, Meta(min_length=1, max_length=4096)]
 
 
 class ReconcileParams(Struct, forbid_unknown_fields=True):
-    """Params of ``session.reconcile`` (SPEC §6, §7)."""
+    """Params of ``session.reconcile`` (docs/design.md §6, §7)."""
 
     from_session: SessionName
     this_session: SessionName
@@ -241,7 +241,7 @@ METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
     "sessions.unsubscribe": UnsubscribeParams,
 }
 
-#: Notification methods the daemon sends (subscriptions, SPEC §7).
+#: Notification methods the daemon sends (subscriptions, docs/design.md §7).
 SESSIONS_CHANGED: Final = "sessions.changed"
 SESSIONS_DROPPED: Final = "sessions.dropped"
 
@@ -270,7 +270,7 @@ ExitWatchMode = Literal["pidfd", "sampling"]
 
 
 class DiscoveryCost(Struct):
-    """What one observation cost (seed 004 ``DiscoveryCost``, SPEC §5 step 5).
+    """What one observation cost (the original ``DiscoveryCost``, docs/design.md §5 step 5).
 
     Attributes:
         directories: directories listed.
@@ -323,7 +323,7 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
 
 
 class Session(Struct):
-    """An active session: it owns at least one live process (SPEC §5)."""
+    """An active session: it owns at least one live process (docs/design.md §5)."""
 
     session_id: str
     context_id: str | None
@@ -331,7 +331,7 @@ class Session(Struct):
 
 
 class ServerEntry(Struct, omit_defaults=True):
-    """A live entry of the servers registry (SPEC §3)."""
+    """A live entry of the servers registry (docs/design.md §3)."""
 
     pid: int
     url: str | UnsetType = UNSET
@@ -340,7 +340,7 @@ class ServerEntry(Struct, omit_defaults=True):
 
 
 class ActiveSessionsSnapshot(Struct):
-    """Result of ``sessions.snapshot`` (seed 004, SPEC §7).
+    """Result of ``sessions.snapshot`` (the original ActiveSessionReader, docs/design.md §7).
 
     ``sessions`` is empty unless ``discovery`` is ``ready``; ``gaps`` says in
     words what the answer could not cover (unreadable receipts, a missing
@@ -369,14 +369,14 @@ class LostWork(Struct):
 
 
 class Provenance(Struct):
-    """Where a report comes from and how far to trust it (seed 000)."""
+    """Where a report comes from and how far to trust it (the original reconcile_prior_session)."""
 
     origin: Literal["completion"]
     trust: Literal["trusted", "untrusted"]
 
 
 class LostReport(Struct):
-    """Result of ``session.reconcile`` when something was lost (SPEC §6)."""
+    """Result of ``session.reconcile`` when something was lost (docs/design.md §6)."""
 
     started_in_session: str
     lost: list[LostWork]
@@ -443,7 +443,7 @@ class VerificationStatus(Struct):
 
 
 class StatusResult(Struct):
-    """Result of ``status`` (SPEC §7).
+    """Result of ``status`` (docs/design.md §7).
 
     Attributes:
         pid: the daemon's process id.
@@ -505,7 +505,7 @@ class UnsubscribeResult(Struct):
 
 
 class SessionsChanged(Struct, omit_defaults=True):
-    """Params of a ``sessions.changed`` notification (SPEC §7).
+    """Params of a ``sessions.changed`` notification (docs/design.md §7).
 
     Sent first with the full answer (``full: true``; every session in
     ``added``), then after each change of the answer, at most one per
@@ -514,7 +514,7 @@ class SessionsChanged(Struct, omit_defaults=True):
 
     Attributes:
         subscription: the id ``sessions.subscribe`` returned.
-        generation: the answer's generation (SPEC §7).
+        generation: the answer's generation (docs/design.md §7).
         observed_at: when the answer was observed, Unix seconds.
         full: True for the first notification, whose ``added`` is every
             session (the client starts from nothing).

@@ -1,4 +1,4 @@
-"""Receipt file formats and the writer kit for them (SPEC §3, §9).
+"""Receipt file formats and the writer kit for them (docs/design.md §3, §9).
 
 A *receipt* is a small JSON file a runtime leaves under the home saying that a
 process belongs to an input or an exec::
@@ -55,11 +55,11 @@ __all__ = [
     "write_provider_client_receipt",
 ]
 
-#: A receipt larger than this is an error for its path (SPEC §3).
+#: A receipt larger than this is an error for its path (docs/design.md §3).
 MAX_RECEIPT_BYTES: Final = 64 * 1024
 
 #: Liveness tolerances between a receipt's ``started_at`` and the sampled
-#: process start time, in seconds (SPEC §3, seed 004 ``Receipt::live``).
+#: process start time, in seconds (docs/design.md §3, the original ``Receipt::live``).
 PROVIDER_CLIENT_TOLERANCE_S: Final = 5.0
 EXEC_RECEIPT_TOLERANCE_S: Final = 3.0
 SERVER_TOLERANCE_S: Final = 3.0
@@ -77,7 +77,7 @@ class ReceiptError(ValueError):
 
 
 class ProviderClientReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
-    """``runs/<run>/<input>/provider-clients/<client>.json`` (SPEC §3).
+    """``runs/<run>/<input>/provider-clients/<client>.json`` (docs/design.md §3).
 
     Attributes:
         schema_version: must be 1.
@@ -98,7 +98,7 @@ class ProviderClientReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ExecReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
-    """``runtime/exec-processes/<exec>.json`` (SPEC §3).
+    """``runtime/exec-processes/<exec>.json`` (docs/design.md §3).
 
     Attributes:
         schema_version: must be 1.
@@ -116,7 +116,7 @@ class ExecReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ServerRegistryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One entry of ``runtime/opencode-servers.json`` (SPEC §3).
+    """One entry of ``runtime/opencode-servers.json`` (docs/design.md §3).
 
     Attributes:
         opencode_pid: the server's process id, > 1.
@@ -197,7 +197,7 @@ def decode_servers_registry(data: bytes) -> list[ServerRegistryEntry]:
 
 
 def is_valid_input_id(name: str) -> bool:
-    """Whether ``name`` is an input id: ``inp_`` + 1-128 of ``[A-Za-z0-9_-]`` (SPEC §3)."""
+    """An input id: ``inp_`` + 1-128 of ``[A-Za-z0-9_-]`` (docs/design.md §3)."""
     return _INPUT_ID.fullmatch(name) is not None
 
 

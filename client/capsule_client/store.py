@@ -1,11 +1,11 @@
-"""The ownership store's writer kit, for runtimes (SPEC §4, §9).
+"""The ownership store's writer kit, for runtimes (docs/design.md §4, §9).
 
 The store is a SQLite database (``<home>/capsule.db``, WAL mode,
 ``PRAGMA user_version = 1``) that says which session owns which input, exec
 and process. Runtimes write it through :class:`OwnershipStore`; the daemon
 only ever opens it read-only.
 
-Schema (SPEC §4)::
+Schema (docs/design.md §4)::
 
     sessions(session_id TEXT PRIMARY KEY, context_id TEXT, title TEXT,
              created_at INTEGER NOT NULL)

@@ -1,9 +1,9 @@
-"""The session trace: its format, its lock, and the writer kit (SPEC §6, §9).
+"""The session trace: its format, its lock, and the writer kit (docs/design.md §6, §9).
 
 A session's trace is ``<records root>/<session_id>/trace.jsonl``: one JSON
 object per line, append-only.  Runtimes append their events with
 :func:`append_event` or a :class:`TraceWriter`; the daemon's reconcile
-(SPEC §6) reads the trace and appends ``shell_lost`` markers.
+(docs/design.md §6) reads the trace and appends ``shell_lost`` markers.
 
 Every append is whole lines: the trace is opened ``O_APPEND``, an exclusive
 advisory lock (``flock``) is taken on it, and the bytes go out in one
@@ -88,7 +88,7 @@ class SessionStart(_Event, tag="session_start"):
 
 
 class TaskStart(_Event, tag="task_start"):
-    """A task began, with the trust its input deserves (seed 000 ``TrustClass``)."""
+    """A task began, with the trust its input deserves (the original ``TrustClass``)."""
 
     task_id: str
     trust: Trust
@@ -133,7 +133,7 @@ class ShellAbandoned(_Event, tag="shell_abandoned"):
 
 
 class ShellLost(_Event, tag="shell_lost"):
-    """Reconcile's marker: the work was never accounted for (SPEC §6).
+    """Reconcile's marker: the work was never accounted for (docs/design.md §6).
 
     Written only by the daemon.  It has no ``exit_code``, ``status``,
     ``duration_ms``, ``output_path`` or ``output_bytes``: nothing is known of
@@ -171,7 +171,7 @@ def now_ms() -> int:
 
 
 def is_session_directory_name(name: str) -> bool:
-    """Whether ``name`` may name a session directory (seed 000, SPEC §6).
+    """Whether ``name`` may name a session directory (docs/design.md §6).
 
     It starts with ``ses_`` and holds no ``/``, ``\\``, ``..`` or NUL, so it
     can only name an entry directly inside the records root.
@@ -308,7 +308,7 @@ def append_event(
     fsync: bool = False,
     lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
 ) -> None:
-    """Append one event, as one whole line, to its session's trace (SPEC §9).
+    """Append one event, as one whole line, to its session's trace (docs/design.md §1).
 
     The session is ``event.session_id``; its directory (``0700``) and trace
     (``0600``) are created if missing.

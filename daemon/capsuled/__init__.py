@@ -1,4 +1,4 @@
-"""capsuled: the per-user daemon that answers snapshot and reconcile (SPEC.md)."""
+"""capsuled: the per-user daemon that answers snapshot and reconcile (docs/design.md)."""
 
 from importlib.metadata import PackageNotFoundError, version
 

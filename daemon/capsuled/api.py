@@ -1,4 +1,4 @@
-"""The methods the daemon serves, one handler each (SPEC §7).
+"""The methods the daemon serves, one handler each (docs/design.md §7).
 
 Each handler takes its decoded params Struct (``capsule_client.protocol``)
 and returns a result Struct, or raises :class:`~capsuled.errors.RpcError`.
@@ -113,7 +113,7 @@ class Api:
         )
 
     async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:
-        """``sessions.snapshot``: which sessions are active, with which processes (SPEC §5, §7).
+        """``sessions.snapshot``: active sessions and their processes (docs/design.md §5, §7).
 
         An ``unavailable`` observation is answered as a snapshot (not an
         error): its gaps say why. The result is the encoded
@@ -134,7 +134,7 @@ class Api:
         return Encoded(encoded)
 
     async def sessions_subscribe(self, params: SubscribeParams) -> SubscribeResult:
-        """``sessions.subscribe`` (SPEC §7): ``sessions.changed`` notifications on this connection.
+        """``sessions.subscribe`` (docs/design.md §7): ``sessions.changed`` on this connection.
 
         Raises:
             Overloaded: this connection holds too many subscriptions.
@@ -164,7 +164,7 @@ class Api:
         return RescanResult(scheduled=True)
 
     async def session_reconcile(self, params: ReconcileParams) -> LostReport | None:
-        """``session.reconcile`` (SPEC §6): mark and report what ``from_session`` left.
+        """``session.reconcile`` (docs/design.md §6): mark and report what ``from_session`` left.
 
         The scan and the append run in a worker thread (:func:`capsuled.reconcile.reconcile`
         raises the RPC errors: -32602, -32003, -32004, -32603).  Once started,

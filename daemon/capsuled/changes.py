@@ -1,4 +1,4 @@
-"""The hand-over point between the watcher and the reader (SPEC §5 ``pending``).
+"""The hand-over point between the watcher and the reader (docs/design.md §5 ``pending``).
 
 The watcher task (on the event loop) adds changed paths or asks for a rescan;
 an observation (in a worker thread) drains what has accumulated. Both sides

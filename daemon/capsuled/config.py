@@ -1,4 +1,4 @@
-"""The daemon's configuration: flags, their environment variables, defaults (SPEC §8).
+"""The daemon's configuration: flags, their environment variables, defaults (docs/design.md §8).
 
 A flag wins over its environment variable, which wins over the default.
 Every flag and variable is listed in ``capsuled --help`` and in README.md.
@@ -34,7 +34,7 @@ class Config:
     """Everything the daemon was told at start-up.
 
     Attributes:
-        home: the home directory (SPEC §2), absolute.
+        home: the home directory (docs/design.md §2), absolute.
         socket: the Unix socket path, absolute.
         sample_interval_s: seconds between two observations of the sampler.
         verify_interval_s: seconds between two verification runs (the net

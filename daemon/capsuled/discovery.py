@@ -1,4 +1,4 @@
-"""Session discovery in the daemon: the reader, its sampler, ``sessions.snapshot`` (SPEC §5, §7).
+"""Session discovery: the reader, its sampler, ``sessions.snapshot`` (docs/design.md §5, §7).
 
 :class:`Discovery` owns the :class:`~capsuled.reader.ActiveSessionReader` of
 the home and everything asynchronous around it:
@@ -196,7 +196,7 @@ class _Flight:
 
 @dataclass(frozen=True, slots=True)
 class _Wanted:
-    """Which running observation a request may share (SPEC §7 ``max_age_ms``).
+    """Which running observation a request may share (docs/design.md §7 ``max_age_ms``).
 
     One that began after the request arrived always serves; one that began
     earlier serves only if its start is younger than ``max_age_s`` at the
@@ -221,7 +221,7 @@ class Discovery:
     """The reader of one home, observed one at a time, answering snapshots.
 
     Args:
-        home: the capsule home (SPEC §2).
+        home: the capsule home (docs/design.md §2).
         sample_interval_s: seconds between two sampler observations; also the
             default ``max_age_ms`` of ``sessions.snapshot``.
         totals: the daemon's counters; observations, rescans and reader
@@ -458,7 +458,7 @@ class Discovery:
         Args:
             wanted: which running observation the caller may share; a running
                 one it does not accept is waited out, and the next one shared
-                (single flight still: SPEC §5). None: any.
+                (single flight still: docs/design.md §5). None: any.
             deadline: monotonic time after which the caller stops waiting (the
                 observation goes on for whoever else shares it).
 
@@ -647,7 +647,7 @@ class Discovery:
         return encoded.parts
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """Answer ``sessions.snapshot`` (SPEC §7).
+        """Answer ``sessions.snapshot`` (docs/design.md §7).
 
         From the latest observation if it is younger than ``max_age_ms``
         (default: the sample interval) and nothing is pending; otherwise an
@@ -767,7 +767,7 @@ class Discovery:
         """End every ``since`` long poll that waits for a change, and any that starts later.
 
         They are answered -32005 at once instead of holding the shutdown's
-        drain until their ``timeout_ms`` (SPEC §8 finishes requests in
+        drain until their ``timeout_ms`` (docs/design.md §8 finishes requests in
         flight; a long poll has nothing more to wait for). A change that
         arrived before still answers its poll.
         """

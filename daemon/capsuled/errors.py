@@ -1,4 +1,4 @@
-"""Errors a method handler raises to answer with a JSON-RPC error (SPEC §7).
+"""Errors a method handler raises to answer with a JSON-RPC error (docs/design.md §7).
 
 The server turns an :class:`RpcError` into an error response with its
 ``code``, ``message`` and ``data``; any other exception escaping a handler

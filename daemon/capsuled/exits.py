@@ -1,6 +1,6 @@
 """Process exits as events: one pidfd per watched process (Linux >= 5.3).
 
-Liveness is decided from a process sample (SPEC §3), and the sampler takes
+Liveness is decided from a process sample (docs/design.md §3), and the sampler takes
 one every ``--sample-interval``. Without help, a process that exits leaves the
 answer only at the next sample. :class:`ExitWatch` holds a pidfd
 (``os.pidfd_open``) for every process the latest answer rests on — live
@@ -8,7 +8,7 @@ candidates' pids, the store's processes that matched the sample, live
 servers (:attr:`capsuled.reader.Observation.watched`) — and calls
 ``on_exit`` the moment one becomes readable, that is when the process exits
 (it fires while the process is a zombie, for non-children too, with no
-privilege needed: LIBRARY-FACTS.md). Discovery then observes again at once,
+privilege needed, measured on Linux 5.3+). Discovery then observes again at once,
 so the answer changes within milliseconds.
 
 The pid-reuse race: the sample says pid P started at S; by the time the

@@ -1,4 +1,4 @@
-"""The home's strictness (SPEC §3 "Strictness"): which homes capsuled refuses, and why.
+"""The home's strictness (docs/design.md §3 "Strictness"): which homes capsuled refuses, and why.
 
 The rule is decided here once and read at two moments: at start by
 :func:`capsuled.service.check_home` (a refusal stops the daemon) and on every
@@ -19,7 +19,7 @@ __all__ = ["home_refusal", "user_name"]
 
 
 def home_refusal(st: os.stat_result, home: str | os.PathLike[str], uid: int) -> str | None:
-    """Why a home is refused, or ``None`` if it is strict enough (SPEC §3 "Strictness").
+    """Why a home is refused, or ``None`` if it is strict enough (docs/design.md §3 "Strictness").
 
     Receipts are claims of ownership: anyone who can write them can make a
     process look like part of a session. So the home must be a directory,

@@ -1,4 +1,4 @@
-"""The JSON-RPC 2.0 envelope and dispatch, free of I/O (SPEC §7).
+"""The JSON-RPC 2.0 envelope and dispatch, free of I/O (docs/design.md §7).
 
 :meth:`Dispatcher.handle_line` takes one received line and returns the bytes
 to send back (without the newline), or ``None`` when nothing is owed: a
@@ -26,7 +26,7 @@ codes of https://www.jsonrpc.org/specification:
   requests would otherwise build a reply of gigabytes);
 
 The JSON-RPC envelope is one of the two pieces of plumbing the project writes
-itself instead of taking a library (SPEC §7 and LIBRARY-FACTS.md say why).
+itself instead of taking a library (docs/design.md §7 says why).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Logging setup: structlog, one JSON object per line on stderr (SPEC §8).
+"""Logging setup: structlog, one JSON object per line on stderr (docs/design.md §8).
 
 Only the daemon's entry point calls :func:`configure`; the client library
 never configures logging.
@@ -21,7 +21,7 @@ _encoder = msgspec.json.Encoder(enc_hook=repr)
 
 
 def _serialize(obj: Any, **_: Any) -> bytes:
-    # structlog passes default=...; msgspec's encode takes none (LIBRARY-FACTS).
+    # structlog passes default=...; msgspec's encode takes none.
     return _encoder.encode(obj)
 
 

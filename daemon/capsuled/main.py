@@ -1,4 +1,4 @@
-"""``capsuled``: the daemon's entry point (SPEC §8).
+"""``capsuled``: the daemon's entry point (docs/design.md §8).
 
 Exit status: 0 after a clean shutdown, 1 when the daemon cannot start, 2 on
 bad usage (a malformed flag or environment variable).

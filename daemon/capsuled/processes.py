@@ -1,4 +1,4 @@
-"""The process sample: which processes run now, and since when (SPEC §3 liveness).
+"""The process sample: which processes run now, and since when (docs/design.md §3 liveness).
 
 One sample per observation decides liveness for every receipt in it. A
 sample maps pid → start time (Unix seconds, float); zombies are left out
@@ -11,7 +11,7 @@ processes, 0.9-1.4 ms against 7.8-8.1 ms for
 ``btime + starttime / CLK_TCK``). Elsewhere psutil is used, with its
 per-pid cache cleared first: ``process_iter`` keeps ``Process`` objects by
 pid, and after a pid is reused it returned the old process's
-``create_time`` (LIBRARY-FACTS.md).
+``create_time`` (seen on this project).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def matches_start(sample: ProcessSample, pid: int, started_at_s: float, toleranc
 
     A pid missing from the sample (no such process, a zombie, a process we
     may not inspect) is not live; neither is a reused pid whose start time
-    differs (SPEC §3 liveness).
+    differs (docs/design.md §3 liveness).
     """
     start = sample.get(pid)
     return start is not None and abs(start - started_at_s) <= tolerance_s

@@ -1,4 +1,4 @@
-"""The active-sessions reader: the receipt cache and ``observe`` (seed 004, SPEC §3-§5).
+"""The active-sessions reader: the receipt cache and ``observe`` (docs/design.md §3-§5).
 
 :class:`ActiveSessionReader` keeps, per home, the receipts that parsed and
 were live at their last read (*candidates*), the paths that could not be read
@@ -13,7 +13,7 @@ Everything here blocks (directory walks, file reads, ``/proc``, SQLite): the
 daemon runs :meth:`ActiveSessionReader.observe` in a worker thread, one at a
 time per reader.
 
-Departures from the seed, each allowed by SPEC §5:
+Departures from the seed, each allowed by docs/design.md §5:
 
 * Step 2 ("re-reads every candidate ... a re-read may be replaced by a
   ``stat`` check ... as long as the result is the same"): while a watcher
@@ -105,11 +105,11 @@ __all__ = [
     "run_base",
 ]
 
-#: Bounds on unresolved paths; past either, the observation fails (SPEC §5).
+#: Bounds on unresolved paths; past either, the observation fails (docs/design.md §5).
 MAX_ERRORS: Final = 4096
 MAX_ERROR_BYTES: Final = 4 * 1024 * 1024
 
-#: A sampled process matches a store row when the start times are this close (SPEC §5).
+#: A sampled process matches a store row when the start times are this close (docs/design.md §5).
 PROCESS_TOLERANCE_S: Final = 3.0
 
 #: A file whose mtime/ctime lies less than this before the moment it was read
@@ -155,7 +155,7 @@ class _Kind(enum.Enum):
 
 
 class _Action(enum.Enum):
-    """What a changed path asks of the cache (seed 004 ``reconcile``)."""
+    """What a changed path asks of the cache (the original ``reconcile``)."""
 
     IGNORE = enum.auto()
     RESCAN = enum.auto()
@@ -166,7 +166,7 @@ class _Action(enum.Enum):
 
 
 def _receipt_kind(parts: _Parts) -> _Kind | None:
-    """The receipt kind of a path under the home, or None if it is not a receipt (SPEC §2)."""
+    """The receipt kind of a path under the home, or None for no receipt (docs/design.md §2)."""
     name = parts[-1] if parts else ""
     if not name.endswith(".json") or name.startswith("."):
         return None
@@ -279,7 +279,7 @@ class _Candidate(msgspec.Struct, gc=False):
         )
 
     def live(self, sample: ProcessSample) -> bool:
-        """Liveness against one sample (SPEC §3; seed 004 ``Receipt::live``)."""
+        """Liveness against one sample (docs/design.md §3; the original ``Receipt::live``)."""
         tolerance_s = (
             EXEC_RECEIPT_TOLERANCE_S if self.kind is _Kind.EXEC else PROVIDER_CLIENT_TOLERANCE_S
         )
@@ -425,7 +425,7 @@ def run_base() -> int:
 
 
 class Generations:
-    """Numbers successive answers: one more each time the answer differs (SPEC §7).
+    """Numbers successive answers: one more each time the answer differs (docs/design.md §7).
 
     The answer is ``sessions``, ``unowned``, ``servers``, ``discovery`` and
     ``gaps``; ``observed_at``, ``task`` and ``cost`` do not count. Kept apart
@@ -482,7 +482,7 @@ def _wire_text(text: str) -> str:
 
     POSIX names are bytes; Python gives the ones that are not UTF-8 as lone
     surrogates (``surrogateescape``), which no JSON encoder accepts. A gap or
-    a receipt path naming such a file must still reach the wire (SPEC §3: an
+    a receipt path naming such a file must still reach the wire (docs/design.md §3: an
     error for that path, never a crash).
     """
     try:
@@ -497,7 +497,7 @@ def _wire_text(text: str) -> str:
 
 
 class ActiveSessionReader:
-    """The incremental receipt cache of one home (seed 004 ``ActiveSessionReader``).
+    """The incremental receipt cache of one home (the original ``ActiveSessionReader``).
 
     Args:
         home: the capsule home; resolved to an absolute path without symlinks
@@ -515,7 +515,7 @@ class ActiveSessionReader:
 
     **Trusting the watcher.** With ``trust_watcher`` set, an observation that
     is not a rescan reads only the pending paths the watcher reported; the
-    other candidates are not ``stat``-checked (SPEC §5 step 2 allows a re-read
+    other candidates are not ``stat``-checked (docs/design.md §5 step 2 allows a re-read
     to be replaced by a check "as long as the result is the same": here that
     rests on the watcher reporting every write). The watch reports its own
     losses (an overflow or a lost watch owes a rescan at once); what it may
@@ -617,7 +617,7 @@ class ActiveSessionReader:
     def observe(
         self, task: str | None = None, *, verify_barrier_ns: int | None = None
     ) -> Observation:
-        """Run one observation (SPEC §5 steps 1-5). Blocking: call it from a worker thread.
+        """Run one observation (docs/design.md §5 steps 1-5). Blocking: run it in a worker thread.
 
         Args:
             task: echoed in the snapshot.
@@ -875,7 +875,7 @@ class ActiveSessionReader:
         return True
 
     def _apply(self, path: str) -> None:
-        """Bring one pending path up to date (seed 004 ``reconcile``)."""
+        """Bring one pending path up to date (the original ``reconcile``)."""
         parts = self._parts(path)
         action = _action(parts)
         if action is _Action.SERVERS:
@@ -1003,7 +1003,7 @@ class ActiveSessionReader:
         (added_list if added else removed_list).append(process)
 
     # ----------------------------------------------------------------------
-    # Ownership (SPEC §5 step 3)
+    # Ownership (docs/design.md §5 step 3)
 
     def _refresh_ownership(self, version: StoreVersion) -> None:
         """Ask the store about what it was not asked yet, or everything if it changed."""
@@ -1060,7 +1060,7 @@ class ActiveSessionReader:
                 self._move(owner, candidate.process, added=True)
 
     # ----------------------------------------------------------------------
-    # Projection (SPEC §5 step 3)
+    # Projection (docs/design.md §5 step 3)
 
     def _project(self) -> _Answer:
         """The answer's lists; the previous ones, where nothing they rest on changed.
@@ -1216,7 +1216,7 @@ class ActiveSessionReader:
         directory, replaces the home even though its old target still exists.
 
         Raises:
-            _Unavailable: the home is refused (SPEC §3 strictness); the gap is
+            _Unavailable: the home is refused (docs/design.md §3 strictness); the gap is
                 :func:`~capsuled.home.home_refusal`'s text, the same as at start.
             OSError: the home cannot be inspected.
         """
@@ -1233,7 +1233,7 @@ class ActiveSessionReader:
         return f"home {self._home} does not exist; no receipts are read until it is created"
 
     def _check_home(self) -> None:
-        """Home identity and strictness (SPEC §3 strictness, §5 home identity)."""
+        """Home identity and strictness (docs/design.md §3 strictness, §5 home identity)."""
         try:
             identity = self._stat_home()
         except OSError as exc:
@@ -1270,7 +1270,7 @@ class ActiveSessionReader:
             raise ObservationCancelled("active session observation cancelled")
 
     def _scan(self, path: str, parts: _Parts) -> None:
-        """List a directory of the receipt places; never follows symlinks (seed 004 ``scan``)."""
+        """List a directory of the receipt places, never through a link (the original ``scan``)."""
         self._check_cancelled()
         try:
             st = os.lstat(path)
@@ -1482,7 +1482,7 @@ class ActiveSessionReader:
         self._read_servers()
 
     # ----------------------------------------------------------------------
-    # Errors (bounded, SPEC §5)
+    # Errors (bounded, docs/design.md §5)
 
     def _set_error(
         self, path: str, message: str, kind: _Kind | None, signature: _Signature | None

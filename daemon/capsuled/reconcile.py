@@ -1,4 +1,4 @@
-"""Reconcile: background commands a prior session left unaccounted (seed 000, SPEC §6).
+"""Reconcile: background commands a prior session left unaccounted (docs/design.md §6).
 
 When a session is resumed, :func:`reconcile` scans the prior session's trace
 for work that was detached (``shell_detached``) and never accounted for
@@ -79,7 +79,7 @@ class DetachedWork:
 
 @dataclass(slots=True)
 class TraceScan:
-    """What one scan of a trace found (SPEC §6 "Scan").
+    """What one scan of a trace found (docs/design.md §6 "Scan").
 
     Attributes:
         session_event_id: ``event_id`` of the last ``session_start`` (``None``
@@ -107,7 +107,7 @@ class TraceScan:
     bytes: int = 0
 
     def unaccounted(self) -> list[DetachedWork]:
-        """Detached minus accounted, ordered by work id (SPEC §6)."""
+        """Detached minus accounted, ordered by work id (docs/design.md §6)."""
         return [
             self.detached[work_id]
             for work_id in sorted(self.detached)
@@ -231,7 +231,7 @@ def _record(scan: TraceScan, line: bytes, this_session: str | None) -> bool:
 
 
 def scan_lines(lines: Iterable[bytes], *, this_session: str | None = None) -> TraceScan:
-    """Scan trace lines (SPEC §6 "Scan"), each decoded on its own.
+    """Scan trace lines (docs/design.md §6 "Scan"), each decoded on its own.
 
     A line that is not a JSON object — a torn tail, garbage, NUL bytes,
     invalid UTF-8, JSON of another type — is counted and skipped; the lines
@@ -292,7 +292,7 @@ def scan_trace(path: str | os.PathLike[str], *, this_session: str | None = None)
 
 
 def new_task_id() -> str:
-    """``tsk_`` + 32 lowercase hex digits of a UUIDv7 (SPEC §6)."""
+    """``tsk_`` + 32 lowercase hex digits of a UUIDv7 (docs/design.md §6)."""
     return f"tsk_{uuid_utils.uuid7().hex}"
 
 
@@ -331,7 +331,7 @@ def _named(text: str) -> str:
 
 
 def lost_message(started_in_session: str, lost: Sequence[LostWork]) -> str:
-    """The report's text for the agent (SPEC §6).
+    """The report's text for the agent (docs/design.md §6).
 
     It names every lost work's id, binary, command (binary and command as JSON
     strings, and the session and work ids too when they are not printable, so
@@ -488,7 +488,7 @@ def reconcile(
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     cancelled: Callable[[], bool] | None = None,
 ) -> LostReport | None:
-    """Mark and report the background work ``from_session`` left unaccounted (SPEC §6).
+    """Mark and report the background work ``from_session`` left unaccounted (docs/design.md §6).
 
     Under the trace's exclusive lock: scan it; append one ``shell_lost``
     marker per unaccounted work in one write, fsynced; then report them under

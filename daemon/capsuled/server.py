@@ -1,4 +1,4 @@
-"""The Unix-socket server: listener, framing, connections, drain (SPEC §7, §8).
+"""The Unix-socket server: listener, framing, connections, drain (docs/design.md §7, §8).
 
 One message per line. A line longer than ``MAX_MESSAGE_BYTES`` is answered
 with -32600 and the connection is closed. A final line without its ``\\n``
@@ -10,7 +10,7 @@ waits for its next request, a request for an immediate method (``ping``,
 ``status``: see :meth:`Dispatcher.answer_now`) is answered from the event
 loop's callback for the readable socket, without waking the task. No failure
 of one connection reaches the server: each connection task catches what it
-raises (LIBRARY-FACTS: one escaping exception kills an anyio ``serve``).
+raises (one escaping exception kills an anyio ``serve``).
 
 A reply the peer does not read within ``write_timeout_s`` drops the
 connection, so a stuck reader cannot hold a request slot forever.
@@ -792,7 +792,7 @@ class Server:
 
         The dispatcher answers every input it understands, but a failure it
         did not foresee (in decoding, logging or encoding) must cost the peer
-        one error reply, not its connection (SPEC §7: -32603, "the connection
+        one error reply, not its connection (docs/design.md §7: -32603, "the connection
         and the daemon live on").
         """
         try:

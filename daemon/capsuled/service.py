@@ -1,10 +1,10 @@
 """Running as a service: the lock file, the socket, socket activation, sd_notify,
-the home's strictness and the peer's credentials (SPEC §3, §8).
+the home's strictness and the peer's credentials (docs/design.md §3, §8).
 
 Everything here is plain, synchronous system-call glue that the supervisor and
 the server call at a few points:
 
-* at start: :func:`ensure_home` (SPEC §3 strictness), then :func:`open_listener`:
+* at start: :func:`ensure_home` (docs/design.md §3 strictness), then :func:`open_listener`:
   the socket systemd passed (:func:`activated_listener`) or a fresh one
   (:func:`prepare_socket_directory`, :func:`acquire_socket_lock` before the
   socket is touched, :func:`bind_unix_socket`, which replaces only a stale
@@ -17,8 +17,7 @@ the server call at a few points:
   created, then releases the lock).
 
 sd_notify is a few lines over a datagram socket rather than a library: the
-maintained wrappers either need libsystemd or swallow every error (SPEC §8,
-LIBRARY-FACTS.md "systemd").
+maintained wrappers either need libsystemd or swallow every error (docs/design.md §8).
 
 Errors that must stop the daemon from starting are :class:`ServiceError`; the
 supervisor turns them into its ``StartupError``, which the entry point logs
@@ -107,7 +106,7 @@ class ServiceError(Exception):
 
 
 class AlreadyRunning(ServiceError):
-    """Another daemon holds the lock beside the socket (SPEC §8).
+    """Another daemon holds the lock beside the socket (docs/design.md §8).
 
     Attributes:
         pid: the running daemon's pid as written in the lock file, or None
@@ -134,7 +133,7 @@ class SocketPathTaken(ServiceError):
 
 
 class UnsafeHome(ServiceError):
-    """The home is not a directory owned by the daemon's user and closed to others (SPEC §3)."""
+    """The home is not owned by the daemon's user and closed to others (docs/design.md §3)."""
 
 
 class ActivationError(ServiceError):
@@ -142,7 +141,7 @@ class ActivationError(ServiceError):
 
 
 # --------------------------------------------------------------------------
-# The home (SPEC §3 strictness)
+# The home (docs/design.md §3 strictness)
 
 
 def ensure_home(home: Path) -> None:
@@ -163,7 +162,7 @@ def ensure_home(home: Path) -> None:
 
 
 def check_home(home: Path) -> None:
-    """Refuse a home that another user could write receipts into (SPEC §3).
+    """Refuse a home that another user could write receipts into (docs/design.md §3).
 
     The home (symbolic links followed) must be a directory, owned by the
     effective uid, with neither the group nor the others write bit; the rule
@@ -199,11 +198,11 @@ def _make_private_dirs(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# One daemon per socket (SPEC §8)
+# One daemon per socket (docs/design.md §8)
 
 
 def prepare_socket_directory(socket_path: Path) -> None:
-    """Create the socket's directory 0700 if it is missing (SPEC §8).
+    """Create the socket's directory 0700 if it is missing (docs/design.md §8).
 
     An existing directory (``$XDG_RUNTIME_DIR``, the home) is left as it is.
 
@@ -274,7 +273,7 @@ class SocketLock:
 def acquire_socket_lock(socket_path: Path, *, pid: int | None = None) -> SocketLock:
     """Take the exclusive lock beside ``socket_path`` without waiting.
 
-    Take it before the socket is touched (LIBRARY-FACTS.md: binding unlinks
+    Take it before the socket is touched (anyio's ``create_unix_listener`` unlinks
     whatever is at the path). The lock file is opened without following a
     symbolic link and must be a regular file owned by the effective uid.
 
@@ -542,7 +541,7 @@ class Listening:
 def open_listener(
     socket_path: Path, *, environ: MutableMapping[str, str] | None = None
 ) -> Listening:
-    """Take the lock and the listening socket: the passed one, else a fresh bind (SPEC §8).
+    """Take the lock and the listening socket: the passed one, else a new bind (docs/design.md §8).
 
     With socket activation (:func:`activated_listener`) the lock is taken beside
     the socket systemd bound (or beside ``socket_path`` for an abstract one) and
@@ -551,7 +550,7 @@ def open_listener(
     bound (:func:`bind_unix_socket`).
 
     Args:
-        socket_path: the configured socket path (SPEC §2).
+        socket_path: the configured socket path (docs/design.md §2).
         environ: where the activation variables are read and removed
             (default ``os.environ``).
 
@@ -666,7 +665,7 @@ def _socket_is(bound: BoundSocket) -> bool:
 class Notifier:
     """Sends sd_notify(3) messages to ``$NOTIFY_SOCKET``; does nothing without one.
 
-    A datagram socket, a few lines (SPEC §8 records this exception to "use a
+    A datagram socket, a few lines (docs/design.md §8 records this exception to "use a
     library"). Send errors never stop the daemon: the first one of each kind is
     logged at warning, repeats at debug.
 
@@ -790,7 +789,7 @@ async def send_watchdog(notifier: Notifier) -> None:
 
     Returns at once when the watchdog is off. Runs on the event loop, so a loop
     blocked for longer than ``WatchdogSec`` stops the keep-alives and systemd
-    restarts the daemon (SPEC §8).
+    restarts the daemon (docs/design.md §8).
     """
     interval_s = notifier.watchdog_interval_s
     if interval_s is None:
@@ -801,7 +800,7 @@ async def send_watchdog(notifier: Notifier) -> None:
 
 
 # --------------------------------------------------------------------------
-# The peer (SPEC §8, error -32006)
+# The peer (docs/design.md §8, error -32006)
 
 
 @dataclass(frozen=True, slots=True)
@@ -859,7 +858,7 @@ _error_encoder = msgspec.json.Encoder()
 
 
 def permission_denied_line(peer: PeerCredentials | None, daemon_uid: int | None = None) -> bytes:
-    """The one error line (-32006, ``id`` null) a refused peer gets before the hang-up (SPEC §7).
+    """The one error line (-32006, ``id`` null) a refused peer gets (docs/design.md §7).
 
     Args:
         peer: the peer's credentials, or None when they could not be read.

@@ -1,4 +1,4 @@
-"""Read-only access to the ownership store (SPEC §4).
+"""Read-only access to the ownership store (docs/design.md §4).
 
 The daemon never writes the store: runtimes do, through
 ``capsule_client.store``. :class:`OwnershipReader` keeps one connection
@@ -12,7 +12,7 @@ exactly when another connection committed. Answers are cached per key
 only keys not asked before are queried, so an observation in which nothing
 was written costs two pragmas. The check is made inside the read
 transaction, whose snapshot is the one the cached keys came from, so the
-stability check of SPEC §5 step 4 (query again, compare) still sees every
+stability check of docs/design.md §5 step 4 (query again, compare) still sees every
 commit that lands during an observation.
 
 A persistent connection matters for a second reason: opening and closing a
@@ -24,7 +24,7 @@ connection per query made every observation wake the next one.
 since it was last asked, without reading any table: the file's identity and
 ``PRAGMA data_version`` on that connection. The reader asks ownership again
 only when the version, its candidates or the sampled pids changed, and its
-stability check (SPEC §5 step 4) compares versions instead of querying again.
+stability check (docs/design.md §5 step 4) compares versions instead of querying again.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class StoreUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Ownership:
-    """Who owns the keys asked for (SPEC §4 ``session_process_ownership``).
+    """Who owns the keys asked for (docs/design.md §4 ``session_process_ownership``).
 
     Attributes:
         inputs: input id → session id.
@@ -94,12 +94,12 @@ class OwnershipReader:
 
     Args:
         path: the store, usually ``capsule_client.paths.store_path(home)``.
-        busy_timeout_s: how long a query waits for a lock; at least 1 s (SPEC §4).
+        busy_timeout_s: how long a query waits for a lock; at least 1 s (docs/design.md §4).
     """
 
     def __init__(self, path: Path, *, busy_timeout_s: float = 1.0) -> None:
         if busy_timeout_s < 1.0:
-            raise ValueError("busy_timeout_s must be at least 1 s (SPEC §4)")
+            raise ValueError("busy_timeout_s must be at least 1 s (docs/design.md §4)")
         self.path = path
         self.busy_timeout_s = busy_timeout_s
         self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"

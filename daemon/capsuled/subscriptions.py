@@ -1,4 +1,4 @@
-"""Subscriptions: ``sessions.subscribe``, ``sessions.changed``, ``sessions.dropped`` (SPEC §7).
+"""Subscriptions: ``sessions.subscribe``, ``.changed``, ``.dropped`` (docs/design.md §7).
 
 A subscription belongs to the connection that made it and ends with it.
 Discovery hands every new settled answer (not ``scanning``, a new

@@ -1,4 +1,4 @@
-"""The supervisor: one anyio task group and the daemon's lifecycle (SPEC §8).
+"""The supervisor: one anyio task group and the daemon's lifecycle (docs/design.md §8).
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
 error reaches the caller and "ready" means ready): session discovery (the
@@ -100,7 +100,7 @@ class Daemon:
             self.dispatcher,
             max_connections=config.max_connections,
             write_timeout_s=config.write_timeout_s,
-            on_connect=service.refuse_peer,  # SPEC §8: a peer of another uid gets -32006
+            on_connect=service.refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
         self.notifier = service.Notifier.from_environ()
         self._shutdown = anyio.Event()
@@ -123,7 +123,7 @@ class Daemon:
         self._shutdown.set()
 
     async def _tell_service_manager(self) -> None:
-        """sd_notify (SPEC §8): ``READY=1`` once the first observation is done,
+        """sd_notify (docs/design.md §8): ``READY=1`` once the first observation is done,
         then ``STATUS=`` whenever the one-line state changes."""
         status: str | None = None
         await self.sessions.first_observation.wait()
@@ -166,7 +166,7 @@ class Daemon:
         """
         _route_event_loop_errors()
         try:
-            service.ensure_home(self.config.home)  # SPEC §3 strictness
+            service.ensure_home(self.config.home)  # docs/design.md §3 strictness
             listening = service.open_listener(self.config.socket)  # lock, then socket
         except service.ServiceError as exc:
             raise StartupError(str(exc)) from exc
