@@ -128,12 +128,16 @@ def _watch_line(status: StatusResult) -> str:
         return status.watcher
     if watch.mode == "off":
         return "off (every observation walks the home)"
-    line = f"{watch.mode} ({watch.backend}), {watch.watched_directories} directories watched"
+    line = f"{watch.mode} ({watch.backend}), {_directories(watch.watched_directories)} watched"
     if watch.polled_directories:
-        line += f", {watch.polled_directories} polled"
+        line += f", {_directories(watch.polled_directories)} polled"
     if watch.overflows:
         line += f", {watch.overflows} overflows"
     return line
+
+
+def _directories(count: int) -> str:
+    return f"{count} director{'y' if count == 1 else 'ies'}"
 
 
 def _verification_line(status: StatusResult) -> str:
