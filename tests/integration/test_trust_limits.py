@@ -322,8 +322,12 @@ def test_a_kernel_queue_overflow_loses_no_receipt(short_dir: Path, pool: Sleeper
                 shutil.rmtree(t.home / "runs/r_doomed")
             return relative
 
+        # The first writes land while the daemon is stopped, so the queue overflows
+        # whatever the machine's speed; the rest race the daemon's reads.
+        with stopped(t.daemon):
+            written = {write(n) for n in range(OVERFLOWING)}
         with ThreadPoolExecutor(4) as writers:
-            written = set(writers.map(write, range(BURST)))
+            written |= set(writers.map(write, range(OVERFLOWING, BURST)))
         ended = time.monotonic()
         t.forget_under("runs/r_doomed")
         t.expected |= written
