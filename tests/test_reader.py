@@ -26,6 +26,7 @@ from capsule_client.receipts import (
     process_start_time,
     provider_client_receipt_path,
 )
+from capsuled.home_setup import check_home
 from capsuled.reader import (
     GAP_CATCHING_UP,
     GAP_HOME_REPLACED,
@@ -33,7 +34,7 @@ from capsuled.reader import (
     GAP_TOO_MANY_ERRORS,
     ActiveSessionReader,
 )
-from capsuled.service import UnsafeHome, check_home
+from capsuled.startup_errors import UnsafeHome
 
 
 @pytest.fixture

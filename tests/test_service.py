@@ -19,14 +19,15 @@ import msgspec
 import pytest
 from support import ChildOutput, bind_notify_socket, wait_until
 
+from capsule_client import paths
 from capsule_client.cli import main as capsulectl
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
-from capsuled import service
-from capsuled.service import (
+from capsuled import activation, home_setup, lockfile, logs, notify, peers, sockets
+from capsuled.notify import Notifier
+from capsuled.peers import PeerCredentials
+from capsuled.startup_errors import (
     ActivationError,
     AlreadyRunning,
-    Notifier,
-    PeerCredentials,
     ServiceError,
     SocketPathTaken,
     UnsafeHome,
@@ -44,7 +45,7 @@ def test_missing_home_is_created_0700_with_its_parents(tmp_path: Path) -> None:
     home = tmp_path / "state" / "capsule"
     old_umask = os.umask(0o022)
     try:
-        service.ensure_home(home)
+        home_setup.ensure_home(home)
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
@@ -55,7 +56,7 @@ def test_existing_strict_home_is_left_as_it_is(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o750)
     os.chmod(home, 0o750)
-    service.ensure_home(home)
+    home_setup.ensure_home(home)
     assert stat.S_IMODE(home.stat().st_mode) == 0o750
 
 
@@ -67,7 +68,7 @@ def test_home_writable_by_others_is_refused_with_the_fix(
     home.mkdir()
     os.chmod(home, mode)
     with pytest.raises(UnsafeHome) as caught:
-        service.ensure_home(home)
+        home_setup.ensure_home(home)
     message = str(caught.value)
     assert f"writable by {who}" in message
     assert f"chmod 0700 {home}" in message
@@ -80,7 +81,7 @@ def test_home_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     home.mkdir(mode=0o700)
     os.chown(home, NOBODY, NOBODY)
     with pytest.raises(UnsafeHome) as caught:
-        service.check_home(home)
+        home_setup.check_home(home)
     message = str(caught.value)
     assert f"owned by uid {NOBODY}" in message
     assert f"chmod 0700 {home}" in message
@@ -90,7 +91,7 @@ def test_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.write_text("not a directory")
     with pytest.raises(UnsafeHome, match="not a directory"):
-        service.ensure_home(home)
+        home_setup.ensure_home(home)
     assert home.read_text() == "not a directory"
 
 
@@ -101,7 +102,8 @@ LOCK_HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from capsuled.service import acquire_socket_lock, AlreadyRunning
+    from capsuled.lockfile import acquire_socket_lock
+    from capsuled.startup_errors import AlreadyRunning
     start_at = float(sys.argv[2])
     while time.time() < start_at:
         pass
@@ -137,9 +139,9 @@ def test_lock_holds_the_owner_pid_and_refuses_a_second_daemon(short_dir: Path) -
     try:
         assert holder.stdout is not None
         assert ChildOutput(holder.stdout).line() == b"locked"
-        assert service.lock_path_for(sock).read_text() == f"{holder.pid}\n"
+        assert paths.lock_path_for(sock).read_text() == f"{holder.pid}\n"
         with pytest.raises(AlreadyRunning) as caught:
-            service.acquire_socket_lock(sock)
+            lockfile.acquire_socket_lock(sock)
         assert caught.value.pid == holder.pid
         assert f"pid {holder.pid}" in str(caught.value)
     finally:
@@ -152,13 +154,13 @@ def test_lock_of_a_killed_daemon_is_free_again(short_dir: Path) -> None:
     assert holder.stdout is not None
     assert ChildOutput(holder.stdout).line() == b"locked"
     stop(holder)  # SIGKILL: no clean-up ran
-    lock = service.acquire_socket_lock(sock)
+    lock = lockfile.acquire_socket_lock(sock)
     try:
-        assert service.lock_path_for(sock).read_text() == f"{os.getpid()}\n"
+        assert paths.lock_path_for(sock).read_text() == f"{os.getpid()}\n"
     finally:
         lock.release()
     assert not lock.held
-    assert service.lock_path_for(sock).read_text() == ""
+    assert paths.lock_path_for(sock).read_text() == ""
     lock.release()  # idempotent
 
 
@@ -184,20 +186,20 @@ def test_lock_file_that_is_a_symlink_is_refused(short_dir: Path) -> None:
     sock = short_dir / "d.sock"
     target = short_dir / "precious"
     target.write_text("keep me")
-    service.lock_path_for(sock).symlink_to(target)
+    paths.lock_path_for(sock).symlink_to(target)
     with pytest.raises(ServiceError, match="cannot open the lock file"):
-        service.acquire_socket_lock(sock)
+        lockfile.acquire_socket_lock(sock)
     assert target.read_text() == "keep me"
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs root")
 def test_lock_file_of_another_user_is_refused(short_dir: Path) -> None:
     sock = short_dir / "d.sock"
-    lock_path = service.lock_path_for(sock)
+    lock_path = paths.lock_path_for(sock)
     lock_path.write_text("")
     os.chown(lock_path, NOBODY, NOBODY)
     with pytest.raises(ServiceError, match="not a regular file owned by"):
-        service.acquire_socket_lock(sock)
+        lockfile.acquire_socket_lock(sock)
 
 
 # --------------------------------------------------------------------------
@@ -206,19 +208,19 @@ def test_lock_file_of_another_user_is_refused(short_dir: Path) -> None:
 
 def test_bound_socket_is_0600_in_a_0700_directory_and_serves(short_dir: Path) -> None:
     sock_path = short_dir / "run" / "d.sock"
-    service.prepare_socket_directory(sock_path)
+    sockets.prepare_socket_directory(sock_path)
     assert stat.S_IMODE(sock_path.parent.stat().st_mode) == 0o700
-    bound = service.bind_unix_socket(sock_path)
+    bound = sockets.bind_unix_socket(sock_path)
     try:
         assert stat.S_IMODE(sock_path.stat().st_mode) == 0o600
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(str(sock_path))
             conn, _ = bound.sock.accept()
             conn.close()
-        assert service.socket_path_of(bound.sock) == sock_path
+        assert activation.socket_path_of(bound.sock) == sock_path
     finally:
         bound.sock.close()
-    assert service.remove_socket(bound)
+    assert sockets.remove_socket(bound)
     assert not sock_path.exists()
 
 
@@ -229,13 +231,13 @@ def test_stale_socket_is_replaced(short_dir: Path) -> None:
     stale.listen()
     stale.close()  # the file stays: a daemon that died without cleaning up
     assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
-    bound = service.bind_unix_socket(sock_path)
+    bound = sockets.bind_unix_socket(sock_path)
     try:
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(str(sock_path))
     finally:
         bound.sock.close()
-        service.remove_socket(bound)
+        sockets.remove_socket(bound)
 
 
 def test_live_socket_without_a_lock_is_not_replaced(short_dir: Path) -> None:
@@ -246,7 +248,7 @@ def test_live_socket_without_a_lock_is_not_replaced(short_dir: Path) -> None:
     try:
         inode = os.lstat(sock_path).st_ino
         with pytest.raises(SocketPathTaken, match="accepts connections"):
-            service.bind_unix_socket(sock_path)
+            sockets.bind_unix_socket(sock_path)
         assert os.lstat(sock_path).st_ino == inode
     finally:
         live.close()
@@ -264,7 +266,7 @@ def test_non_socket_at_the_socket_path_is_refused_and_kept(short_dir: Path, kind
         (short_dir / "target").write_text("data")
         sock_path.symlink_to(short_dir / "target")
     with pytest.raises(SocketPathTaken) as caught:
-        service.bind_unix_socket(sock_path)
+        sockets.bind_unix_socket(sock_path)
     assert "refusing to replace it" in str(caught.value)
     assert str(sock_path) in str(caught.value)
     if kind == "file":
@@ -279,17 +281,17 @@ def test_non_socket_at_the_socket_path_is_refused_and_kept(short_dir: Path, kind
 def test_socket_path_too_long_is_refused_before_binding(short_dir: Path) -> None:
     sock_path = short_dir / ("x" * 120)
     with pytest.raises(ServiceError, match="longer than"):
-        service.bind_unix_socket(sock_path)
+        sockets.bind_unix_socket(sock_path)
     assert not sock_path.exists()
 
 
 def test_remove_socket_leaves_a_file_that_replaced_ours(short_dir: Path) -> None:
     sock_path = short_dir / "d.sock"
-    bound = service.bind_unix_socket(sock_path)
+    bound = sockets.bind_unix_socket(sock_path)
     bound.sock.close()
     os.unlink(sock_path)
     sock_path.write_text("someone else's")
-    assert not service.remove_socket(bound)
+    assert not sockets.remove_socket(bound)
     assert sock_path.read_text() == "someone else's"
 
 
@@ -297,23 +299,23 @@ def test_open_listener_takes_the_lock_then_the_socket_and_close_undoes_both(
     short_dir: Path,
 ) -> None:
     sock_path = short_dir / "run" / "d.sock"
-    listening = service.open_listener(sock_path, environ={})
+    listening = sockets.open_listener(sock_path, environ={})
     try:
         assert not listening.activated
         assert listening.path == sock_path
         assert stat.S_IMODE(sock_path.parent.stat().st_mode) == 0o700
-        assert service.lock_path_for(sock_path).read_text() == f"{os.getpid()}\n"
+        assert paths.lock_path_for(sock_path).read_text() == f"{os.getpid()}\n"
         inode = os.lstat(sock_path).st_ino
         # A second daemon for the same socket: refused, and the socket is untouched.
         with pytest.raises(AlreadyRunning) as caught:
-            service.open_listener(sock_path, environ={})
+            sockets.open_listener(sock_path, environ={})
         assert caught.value.pid == os.getpid()
         assert os.lstat(sock_path).st_ino == inode
     finally:
         listening.sock.close()
         listening.close()
     assert not sock_path.exists()
-    assert service.lock_path_for(sock_path).read_text() == ""
+    assert paths.lock_path_for(sock_path).read_text() == ""
     listening.close()  # idempotent
 
 
@@ -323,36 +325,36 @@ def test_open_listener_takes_the_lock_then_the_socket_and_close_undoes_both(
 
 def test_no_activation_without_the_variables() -> None:
     environ: dict[str, str] = {"PATH": "/bin"}
-    assert service.activated_listener(environ) is None
+    assert activation.activated_listener(environ) is None
     assert environ == {"PATH": "/bin"}
 
 
 def test_activation_meant_for_another_process_is_ignored_and_cleaned() -> None:
     environ = {"LISTEN_PID": str(os.getpid() + 1), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "x"}
-    assert service.activated_listener(environ) is None
+    assert activation.activated_listener(environ) is None
     assert environ == {}
 
 
 def test_malformed_activation_variables_are_an_error() -> None:
     environ = {"LISTEN_PID": "self", "LISTEN_FDS": "1"}
     with pytest.raises(ActivationError, match="not numbers"):
-        service.activated_listener(environ)
+        activation.activated_listener(environ)
     assert environ == {}
 
 
 ACTIVATED_CHILD = textwrap.dedent(
     """
     import json, os, socket, sys
-    from capsuled import service
+    from capsuled import activation, peers, startup_errors
     try:
-        listener = service.activated_listener()
-    except service.ActivationError as exc:
+        listener = activation.activated_listener()
+    except startup_errors.ActivationError as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         sys.exit(1)
     conn, _ = listener.accept()
-    peer = service.peer_credentials(conn)
+    peer = peers.peer_credentials(conn)
     conn.sendall(json.dumps({
-        "path": str(service.socket_path_of(listener)),
+        "path": str(activation.socket_path_of(listener)),
         "peer_pid": peer.pid,
         "peer_uid": peer.uid,
         "env": sorted(k for k in os.environ if k.startswith("LISTEN_")),
@@ -398,10 +400,10 @@ def test_activation_with_a_non_socket_on_fd_3_is_an_error() -> None:
         r, w = os.pipe()
         os.dup2(r, 3)
         os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
-        from capsuled import service
+        from capsuled import activation, startup_errors
         try:
-            service.activated_listener()
-        except service.ActivationError as exc:
+            activation.activated_listener()
+        except startup_errors.ActivationError as exc:
             print(exc)
         """
     )
@@ -455,7 +457,7 @@ def test_watchdog_keep_alives_arrive_at_half_the_interval(
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(service.send_watchdog, notifier)
+            tg.start_soon(notify.send_watchdog, notifier)
             with anyio.fail_after(5):
                 while len(received) < 3:
                     await anyio.wait_readable(receiver)
@@ -480,7 +482,7 @@ def test_watchdog_off_returns_at_once_and_sends_nothing(
 
     async def main() -> None:
         with anyio.fail_after(1):  # it returns at once, not after an interval
-            await service.send_watchdog(notifier)
+            await notify.send_watchdog(notifier)
 
     try:
         anyio.run(main)
@@ -522,8 +524,8 @@ def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
 def test_peer_credentials_of_a_local_peer() -> None:
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:
-        peer = service.peer_credentials(left)
-        assert service.refuse_peer(left) is None
+        peer = peers.peer_credentials(left)
+        assert peers.refuse_peer(left) is None
     assert peer == PeerCredentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
@@ -551,9 +553,9 @@ def test_peer_credentials_of_another_uid(short_dir: Path) -> None:
     try:
         conn, _ = listener.accept()
         with conn:
-            peer = service.peer_credentials(conn)
+            peer = peers.peer_credentials(conn)
             assert peer == PeerCredentials(pid=child, uid=NOBODY, gid=NOBODY)
-            line = service.refuse_peer(conn)
+            line = peers.refuse_peer(conn)
     finally:
         listener.close()
         _, status = os.waitpid(child, 0)
@@ -570,13 +572,13 @@ def test_peer_credentials_of_another_uid(short_dir: Path) -> None:
 PID_NAMESPACE_LISTENER = textwrap.dedent(
     """
     import json, socket, sys
-    from capsuled import service
+    from capsuled import peers
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(sys.argv[1])
     listener.listen()
     print("listening", flush=True)
     conn, _ = listener.accept()
-    peer = service.peer_credentials(conn)
+    peer = peers.peer_credentials(conn)
     conn.sendall(json.dumps({"pid": peer.pid, "uid": peer.uid}).encode())
     conn.close()
     """
@@ -619,10 +621,10 @@ def test_journal_stream_is_recognised_only_for_that_very_file(tmp_path: Path) ->
     with open(tmp_path / "journal", "wb") as stream, open(tmp_path / "other", "wb") as other:
         st = os.fstat(stream.fileno())
         env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
-        assert service.stderr_is_journal(env, stream.fileno())
-        assert not service.stderr_is_journal(env, other.fileno())
-        assert not service.stderr_is_journal({"JOURNAL_STREAM": "garbage"}, stream.fileno())
-        assert not service.stderr_is_journal({}, stream.fileno())
+        assert logs.stderr_is_journal(env, stream.fileno())
+        assert not logs.stderr_is_journal(env, other.fileno())
+        assert not logs.stderr_is_journal({"JOURNAL_STREAM": "garbage"}, stream.fileno())
+        assert not logs.stderr_is_journal({}, stream.fileno())
 
 
 # --------------------------------------------------------------------------
@@ -648,18 +650,18 @@ def snapshot_with(
 
 
 def test_status_text_follows_the_discovery_state() -> None:
-    assert service.status_text(None, "native") == (
+    assert notify.status_text(None, "native") == (
         "starting: first observation of the home; watcher native"
     )
-    assert service.status_text(snapshot_with("ready", 1, 1), "polling") == (
+    assert notify.status_text(snapshot_with("ready", 1, 1), "polling") == (
         "ready: 1 active session, 1 unowned process; watcher polling"
     )
-    assert service.status_text(snapshot_with("ready", 2, 0), "off") == (
+    assert notify.status_text(snapshot_with("ready", 2, 0), "off") == (
         "ready: 2 active sessions, 0 unowned processes; watcher off"
     )
     unavailable = snapshot_with("unavailable", gaps=["store unreadable", "more"])
-    assert service.status_text(unavailable, "native") == "unavailable: store unreadable"
-    assert "\n" not in service.status_text(snapshot_with("scanning"), "native")
+    assert notify.status_text(unavailable, "native") == "unavailable: store unreadable"
+    assert "\n" not in notify.status_text(snapshot_with("scanning"), "native")
 
 
 def test_capsulectl_names_the_pid_holding_the_lock_of_a_socket_that_is_gone(
@@ -671,7 +673,7 @@ def test_capsulectl_names_the_pid_holding_the_lock_of_a_socket_that_is_gone(
         assert ChildOutput(holder.stdout).line() == b"locked"
         assert capsulectl(["--socket", str(sock), "status"]) == 3
         err = capsys.readouterr().err
-        assert f"but pid {holder.pid}, named in {service.lock_path_for(sock)}, still runs" in err
+        assert f"but pid {holder.pid}, named in {paths.lock_path_for(sock)}, still runs" in err
         assert "it binds it again within a few seconds" in err
         assert f"`kill {holder.pid}`" in err
     finally:

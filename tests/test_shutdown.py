@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from capsule_client.paths import lock_path_for
 from capsule_client.protocol import NoParams, PingResult
 from capsuled.config import Config
 from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.service import lock_path_for
 from capsuled.supervisor import Daemon
 
 SLOW = b'{"jsonrpc":"2.0","id":1,"method":"test.slow"}\n'
@@ -30,8 +30,8 @@ class SlowDaemon(Daemon):
             await anyio.sleep(delay_s)
             return PingResult(pong=True, version="slow")
 
-        methods = {**self.api.methods(), "test.slow": Method(NoParams, slow)}
-        self.dispatcher = Dispatcher(methods)
+        self.methods["test.slow"] = Method(NoParams, slow)
+        self.dispatcher = Dispatcher(self.methods)
         self.server.dispatcher = self.dispatcher
 
 

@@ -7,7 +7,9 @@ finds it without flags.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +19,7 @@ __all__ = [
     "default_home",
     "default_socket",
     "lock_path_for",
+    "make_private_dirs",
     "records_root",
     "store_path",
 ]
@@ -81,3 +84,56 @@ def records_root(home: Path) -> Path:
 def store_path(home: Path) -> Path:
     """``<home>/capsule.db``: the ownership store (docs/design.md §4)."""
     return home / "capsule.db"
+
+
+def make_private_dirs(directory: Path) -> None:
+    """``mkdir -p -m 0700``: every missing level of ``directory`` is made with mode 0700.
+
+    Each level is made on its own and chmod-ed to 0700 after ``mkdir`` (the
+    umask may have taken bits; ``Path.mkdir(parents=True)`` would give the
+    parents the default mode). Existing directories are left as they are,
+    symbolic links to directories included (a home may be one, docs/design.md §3).
+
+    Raises:
+        OSError: a level is not a directory: ``ENOTDIR`` for a file,
+            ``ELOOP`` for a symbolic link that leads to no directory (dangling,
+            or put in place of a level while it was being made); or ``mkdir``
+            failed.
+    """
+    missing: list[Path] = []
+    current = directory
+    while not current.is_dir():
+        _refuse_non_directory(current)
+        missing.append(current)
+        if current == current.parent:
+            break
+        current = current.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:
+            _refuse_non_directory(level)
+            if not level.is_dir():  # pragma: no cover - removed again meanwhile
+                raise
+            continue
+        # Through a descriptor opened without following a link: a symbolic
+        # link put in its place meanwhile is refused (ELOOP), not chmod-ed.
+        fd = os.open(level, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+
+
+def _refuse_non_directory(level: Path) -> None:
+    """Raise for something at ``level`` that is not a directory (symbolic links followed)."""
+    try:
+        st = os.lstat(level)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        if level.is_dir():
+            return
+        raise OSError(errno.ELOOP, "a symbolic link that leads to no directory", str(level))
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory", str(level))

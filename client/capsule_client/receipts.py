@@ -32,6 +32,8 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
+from capsule_client.paths import make_private_dirs
+
 __all__ = [
     "EXEC_RECEIPT_TOLERANCE_S",
     "MAX_RECEIPT_BYTES",
@@ -319,24 +321,6 @@ def _check_pid(pid: int) -> int:
     if pid <= 1:
         raise ReceiptError(f"pid must be > 1, not {pid}")
     return pid
-
-
-def make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and every missing parent with mode ``0700``.
-
-    ``Path.mkdir(parents=True)`` gives the parents the default mode; each
-    level is created here so that none is readable by others.
-    """
-    missing: list[Path] = []
-    while not directory.is_dir():
-        missing.append(directory)
-        directory = directory.parent
-    for level in reversed(missing):
-        try:
-            level.mkdir(mode=0o700)
-        except FileExistsError:
-            if not level.is_dir():
-                raise
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from capsule_client.receipts import make_private_dirs, process_start_time
+from capsule_client.paths import make_private_dirs
+from capsule_client.receipts import process_start_time
 
 __all__ = ["SCHEMA", "USER_VERSION", "OwnershipStore", "StoreVersionError"]
 

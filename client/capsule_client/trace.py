@@ -30,10 +30,13 @@ import stat
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final, Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
+
+from capsule_client.paths import make_private_dirs
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -274,7 +277,7 @@ def append_locked(fd: int, payload: bytes, *, fsync: bool) -> None:
 
 def _open_for_append(records_root: str | os.PathLike[str], session_id: str) -> int:
     """Open (creating as needed) ``<records_root>/<session_id>/trace.jsonl`` for append."""
-    os.makedirs(records_root, mode=0o700, exist_ok=True)
+    make_private_dirs(Path(records_root))
     root_fd = os.open(records_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:

@@ -121,7 +121,6 @@ class ExitWatch:
         # would otherwise wake discovery in a loop).
         self._refused: set[tuple[int, float]] = set()
         self.unwatched = 0
-        self.exits = 0
 
     @property
     def mode(self) -> ExitWatchMode:
@@ -224,7 +223,6 @@ class ExitWatch:
             self._exited()
 
     def _exited(self) -> None:
-        self.exits += 1
         self._on_exit()
 
     def _close(self, watch: _Watch) -> None:

@@ -1,7 +1,7 @@
 """The home's strictness (docs/design.md §3 "Strictness"): which homes capsuled refuses, and why.
 
 The rule is decided here once and read at two moments: at start by
-:func:`capsuled.service.check_home` (a refusal stops the daemon) and on every
+:func:`capsuled.home_setup.check_home` (a refusal stops the daemon) and on every
 observation by :class:`capsuled.reader.ActiveSessionReader` (a refusal is the
 snapshot's gap). Both word it with :func:`home_refusal`, whose text names the fix.
 

@@ -7,15 +7,15 @@ never configures logging.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import structlog
 
-from .service import stderr_is_journal
-
-__all__ = ["configure", "wants_console"]
+__all__ = ["configure", "stderr_is_journal", "wants_console"]
 
 _encoder = msgspec.json.Encoder(enc_hook=repr)
 
@@ -68,3 +68,20 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+
+
+def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
+    """Whether ``fd`` is the stream systemd connected to the journal.
+
+    ``$JOURNAL_STREAM`` is ``<device>:<inode>`` of that stream (systemd.exec(5));
+    it only counts when ``fd`` is still that very file.
+    """
+    env = os.environ if environ is None else environ
+    device, sep, inode = env.get("JOURNAL_STREAM", "").partition(":")
+    if not sep or not device.isdigit() or not inode.isdigit():
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (int(device), int(inode))

@@ -4,7 +4,10 @@ Start-up binds the socket, starts each service with ``tg.start`` (so a bind
 error reaches the caller and "ready" means ready): session discovery (the
 reader, its sampler and the exit watch, :mod:`capsuled.discovery`), the
 subscriptions it feeds (:mod:`capsuled.subscriptions`), the watcher, then
-the server; then it waits for a shutdown.
+the server; then it waits for a shutdown (:class:`capsuled.lifecycle.Lifecycle`,
+the one shutdown state). The daemon is the composition root: it builds the
+services and hands each method handler (:mod:`capsuled.handlers`) only what
+that handler needs.
 Shutdown: answer long polls -32005, stop accepting, close idle connections
 (subscriptions end with them), let in-flight requests finish for up to
 ``drain_timeout_s``, cancel the rest (a running observation stops between two
@@ -25,14 +28,27 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
+from capsule_client.paths import records_root
+from capsule_client.protocol import StatusTotals
 
-from . import service
-from .api import Api
+from . import notify, sockets
 from .config import Config
 from .discovery import Discovery
-from .jsonrpc import Dispatcher
+from .handlers import method_table
+from .handlers.reconcile import Reconciles
+from .handlers.sessions import (
+    rescan_handler,
+    snapshot_handler,
+    subscribe_handler,
+    unsubscribe_handler,
+)
+from .handlers.status import StatusFigures, ping, status_handler
+from .home_setup import ensure_home
+from .jsonrpc import Dispatcher, Method
+from .lifecycle import Lifecycle
+from .peers import refuse_peer
 from .server import Server, UnixListener
+from .startup_errors import ServiceError
 from .subscriptions import SubscriptionHub
 from .watcher import HomeWatcher
 
@@ -60,18 +76,27 @@ class StartupError(Exception):
 
 
 class Daemon:
-    """The running daemon: its configuration, its services and its counters.
+    """The running daemon: the composition root of its services (docs/design.md §8).
+
+    It builds each service once and hands each handler only what it needs.
 
     Args:
         config: what the daemon was told at start-up.
+
+    Attributes:
+        lifecycle: the one shutdown state; ``lifecycle.exit_status`` is the
+            process's exit status once :meth:`run` returns.
+        discovery: session discovery (:class:`capsuled.discovery.Discovery`).
+        methods: the method table the dispatcher serves.
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.started_at = time.time()
         self.started_monotonic = time.monotonic()
+        self.lifecycle = Lifecycle()
         self.totals = StatusTotals()
-        self.sessions = Discovery(
+        self.discovery = Discovery(
             config.home,
             sample_interval_s=config.sample_interval_s,
             totals=self.totals,
@@ -81,37 +106,59 @@ class Daemon:
             verify_interval_s=config.verify_interval_s,
             on_missed=lambda: self.watcher.recheck(),
         )
-        self.subscriptions = SubscriptionHub(lambda: self.sessions.announced, self.totals)
-        self.sessions.add_listener(self.subscriptions.publish)
-        self.feed = self.sessions.changes
+        self.subscriptions = SubscriptionHub(lambda: self.discovery.announced, self.totals)
+        self.discovery.add_listener(self.subscriptions.publish)
         # The watch starts before discovery's first observation, a walk: one
         # walk to ready, and nothing written meanwhile is missed.
         self.watcher = HomeWatcher(
             config.home,
-            self.feed,
+            self.discovery.changes,
             mode=config.watch,
             poll_interval_s=config.poll_interval_s,
             rescan_at_start=False,
         )
-        self.notes: list[str] = []  # remarks for status, beside discovery's own
-        self.api = Api(self)
-        self.dispatcher = Dispatcher(self.api.methods(), on_request=self._count_request)
+        self.methods = self._method_table()
+        self.dispatcher = Dispatcher(self.methods, on_request=self._count_request)
         self.server = Server(
             self.dispatcher,
             max_connections=config.max_connections,
             write_timeout_s=config.write_timeout_s,
-            on_connect=service.refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
+            on_connect=refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
-        self.notifier = service.Notifier.from_environ()
-        self._shutdown = anyio.Event()
-        #: The process's exit status once :meth:`run` returns: 0, or 1 when the
-        #: socket's path was taken over by another daemon.
-        self.exit_status = 0
+        self.notifier = notify.Notifier.from_environ()
+
+    def _method_table(self) -> dict[str, Method]:
+        """Every method served (docs/design.md §7), each handler built from what it needs."""
+        figures = StatusFigures(
+            home=self.config.home,
+            socket=lambda: self.config.socket,
+            started_at=self.started_at,
+            started_monotonic=self.started_monotonic,
+            totals=self.totals,
+            discovery=self.discovery,
+            watcher=self.watcher,
+            clients=lambda: self.server.clients,
+            subscriptions=lambda: self.subscriptions.count,
+        )
+        reconciles = Reconciles(
+            records_root(self.config.home), cancelled=self.lifecycle.is_stopping
+        )
+        return method_table(
+            {
+                "ping": ping,
+                "status": status_handler(figures),
+                "sessions.snapshot": snapshot_handler(self.discovery),
+                "reader.rescan": rescan_handler(self.request_rescan),
+                "session.reconcile": reconciles.handle,
+                "sessions.subscribe": subscribe_handler(self.subscriptions),
+                "sessions.unsubscribe": unsubscribe_handler(self.subscriptions),
+            }
+        )
 
     @property
-    def watcher_mode(self) -> WatcherMode:
-        """What the watcher does now (``status.watcher``): it may have fallen back to polling."""
-        return self.watcher.mode
+    def exit_status(self) -> int:
+        """The process's exit status once :meth:`run` returned (``lifecycle.exit_status``)."""
+        return self.lifecycle.exit_status
 
     def _count_request(self, method: str, outcome: int | None) -> None:
         self.totals.requests += 1
@@ -120,15 +167,20 @@ class Daemon:
 
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
-        self._shutdown.set()
+        self.lifecycle.request_shutdown()
+
+    def request_rescan(self) -> None:
+        """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
+        log.info("rescan requested")
+        self.discovery.request_rescan()
 
     async def _tell_service_manager(self) -> None:
         """sd_notify (docs/design.md §8): ``READY=1`` once the first observation is done,
         then ``STATUS=`` whenever the one-line state changes."""
         status: str | None = None
-        await self.sessions.first_observation.wait()
+        await self.discovery.first_observation.wait()
         while True:
-            text = service.status_text(self.sessions.latest, self.watcher_mode)
+            text = notify.status_text(self.discovery.latest, self.watcher.mode)
             if text != status:
                 if status is None:
                     self.notifier.ready(text)
@@ -138,25 +190,7 @@ class Daemon:
             # Woken by a new answer; a fall back to polling shows at the next
             # one, or within a minute (an idle daemon sleeps).
             with anyio.move_on_after(_STATUS_RECHECK_S):
-                await self.sessions.next_answer()
-
-    @property
-    def discovery(self) -> DiscoveryState | None:
-        """The last observation's state; None before the first."""
-        return self.sessions.state
-
-    @property
-    def last_observed_at(self) -> float | None:
-        return self.sessions.last_observed_at
-
-    @property
-    def last_cost(self) -> DiscoveryCost | None:
-        return self.sessions.last_cost
-
-    def request_rescan(self) -> None:
-        """Schedule a full rescan (what SIGHUP and ``reader.rescan`` do)."""
-        log.info("rescan requested")
-        self.sessions.request_rescan()
+                await self.discovery.next_answer()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; then drain and clean up.
@@ -166,22 +200,22 @@ class Daemon:
         """
         _route_event_loop_errors()
         try:
-            service.ensure_home(self.config.home)  # docs/design.md §3 strictness
-            listening = service.open_listener(self.config.socket)  # lock, then socket
-        except service.ServiceError as exc:
+            ensure_home(self.config.home)  # docs/design.md §3 strictness
+            listening = sockets.open_listener(self.config.socket)  # lock, then socket
+        except ServiceError as exc:
             raise StartupError(str(exc)) from exc
         if listening.path != self.config.socket:
             self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read_signals)
-                tg.start_soon(service.send_watchdog, self.notifier)
+                tg.start_soon(notify.send_watchdog, self.notifier)
                 # The watch first, so that discovery's first observation (a
                 # walk) reads everything written from then on: one walk to
                 # ready. Both start before the server: no request can find
                 # discovery not running.
                 await tg.start(self.watcher.serve)
-                await tg.start(self.sessions.serve)
+                await tg.start(self.discovery.serve)
                 await tg.start(self.subscriptions.serve)
                 listener = UnixListener(listening.sock)
                 await tg.start(self.server.serve, listener)
@@ -197,7 +231,7 @@ class Daemon:
                 if self.notifier.address is not None:
                     tg.start_soon(self._tell_service_manager)
                 task_status.started()
-                await self._shutdown.wait()
+                await self.lifecycle.stopping()
                 self.notifier.stopping("shutting down: finishing requests in flight")
                 await self._drain()
                 tg.cancel_scope.cancel()
@@ -206,7 +240,7 @@ class Daemon:
             self.notifier.close()
             log.info("capsuled stopped")
 
-    async def _keep_socket(self, listening: service.Listening, listener: UnixListener) -> None:
+    async def _keep_socket(self, listening: sockets.Listening, listener: UnixListener) -> None:
         """Every ``SOCKET_CHECK_INTERVAL_S``, mend the socket and lock files (docs/service.md).
 
         A removed socket is bound again; a removed lock is taken again. If a
@@ -218,23 +252,22 @@ class Daemon:
         lasting: set[str] = set()  # what the last check found, warned about already
         while True:
             await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
-            if service.listening_intact(listening):
+            if sockets.listening_intact(listening):
                 lasting = set()
                 continue
             details: dict[str, str] = {}
             try:
                 done: list[str] = list(
-                    await anyio.to_thread.run_sync(service.mend_listening, listening)
+                    await anyio.to_thread.run_sync(sockets.mend_listening, listening)
                 )
-            except service.ServiceError as exc:
+            except ServiceError as exc:
                 done, details = ["failed"], {"error": str(exc)}
             if "taken" in done:
                 log.error(
                     "the lock file was removed and another daemon has locked it; stopping",
                     lock=str(listening.lock.path),
                 )
-                self.exit_status = 1
-                self.request_shutdown()
+                self.lifecycle.request_shutdown(exit_status=1)
                 return
             if "relocked" in done:
                 log.warning(
@@ -256,12 +289,18 @@ class Daemon:
             lasting = found
 
     async def _drain(self) -> None:
+        """Carry the lifecycle's shutdown to each service, then wait for requests in flight.
+
+        The dispatcher answers new requests -32005, discovery ends its long
+        polls, the server stops accepting: each is told here, once, through
+        its own interface.
+        """
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
         self.dispatcher.shutting_down = True
         # A long poll waits for a change that may not come before its timeout:
         # answered -32005 now, it does not hold the drain (nor do subscriptions:
         # their connections are idle between requests, and close_idle ends them).
-        self.sessions.end_long_polls()
+        self.discovery.end_long_polls()
         self.server.stop_accepting()
         self.server.close_idle()
         with anyio.move_on_after(self.config.drain_timeout_s):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from support import DaemonProcess, answers_ping, wait_until
 
-from capsule_client import Client
-from capsuled import service
+from capsule_client import Client, paths
+from capsuled import lockfile, sockets, startup_errors
 
 #: Two check intervals and then some: the deadline for the daemon to notice.
 NOTICE_S = 10.0
@@ -54,15 +54,15 @@ def test_a_removed_socket_directory_is_made_again(running: DaemonProcess) -> Non
     wait_until(
         lambda: answers_ping(running.socket_path), timeout_s=NOTICE_S, message="a new socket"
     )
-    lock = service.lock_path_for(running.socket_path)
+    lock = paths.lock_path_for(running.socket_path)
     assert lock.read_text() == f"{running.pid}\n"
     assert stat.S_IMODE(running.socket_path.parent.stat().st_mode) == 0o700
     logs = running.logs()
     assert "the lock file was removed; locked it again" in logs
     assert "the socket file was removed; bound it again" in logs
     # The lock is held again: a second daemon for the same socket is refused.
-    with pytest.raises(service.AlreadyRunning) as refused:
-        service.acquire_socket_lock(running.socket_path)
+    with pytest.raises(startup_errors.AlreadyRunning) as refused:
+        lockfile.acquire_socket_lock(running.socket_path)
     assert refused.value.pid == running.pid
 
 
@@ -70,12 +70,12 @@ def test_a_daemon_whose_lock_and_socket_another_took_stops_with_status_1(
     running: DaemonProcess,
 ) -> None:
     """Both files removed, and a second daemon locked and bound the path first: it is theirs."""
-    lock_path = service.lock_path_for(running.socket_path)
+    lock_path = paths.lock_path_for(running.socket_path)
     lock_path.unlink()
     running.socket_path.unlink()
-    rival = service.acquire_socket_lock(running.socket_path, pid=os.getpid())
+    rival = lockfile.acquire_socket_lock(running.socket_path, pid=os.getpid())
     try:
-        with service.bind_unix_socket(running.socket_path).sock as rival_socket:
+        with sockets.bind_unix_socket(running.socket_path).sock as rival_socket:
             assert running.process is not None
             assert running.process.wait(timeout=NOTICE_S) == 1
             assert "another daemon has locked it; stopping" in running.logs()
@@ -91,9 +91,9 @@ def test_a_lock_held_by_another_beside_a_live_socket_is_waited_out(
 ) -> None:
     """A second daemon refuses to start beside this one's live socket and lets its lock go:
     this one serves on meanwhile, and takes the lock again once it is free."""
-    lock_path = service.lock_path_for(running.socket_path)
+    lock_path = paths.lock_path_for(running.socket_path)
     lock_path.unlink()
-    rival = service.acquire_socket_lock(running.socket_path, pid=os.getpid())
+    rival = lockfile.acquire_socket_lock(running.socket_path, pid=os.getpid())
     try:
         wait_until(
             lambda: "another process holds the new one; serving on" in running.logs(),
