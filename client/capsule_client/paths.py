@@ -116,20 +116,18 @@ def make_private_dirs(directory: Path) -> None:
             if not level.is_dir():  # pragma: no cover - removed again meanwhile
                 raise
             continue
-        # Through a descriptor opened without following a link: a symbolic
-        # link put in its place meanwhile is refused (ELOOP), not chmod-ed.
-        fd = os.open(level, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.fchmod(fd, 0o700)
-        finally:
-            os.close(fd)
+        # A symbolic link put in its place meanwhile is refused, not chmod-ed
+        # (by path: a descriptor would need the read bit the umask may have taken).
+        if stat.S_ISLNK(os.lstat(level).st_mode):
+            raise OSError(errno.ELOOP, "a symbolic link replaced a directory being made", str(level))
+        os.chmod(level, 0o700)
 
 
 def _refuse_non_directory(level: Path) -> None:
     """Raise for something at ``level`` that is not a directory (symbolic links followed)."""
     try:
         st = os.lstat(level)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # missing; a file above is its parent's
         return
     if stat.S_ISLNK(st.st_mode):
         if level.is_dir():
