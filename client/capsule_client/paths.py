@@ -119,7 +119,9 @@ def make_private_dirs(directory: Path) -> None:
         # A symbolic link put in its place meanwhile is refused, not chmod-ed
         # (by path: a descriptor would need the read bit the umask may have taken).
         if stat.S_ISLNK(os.lstat(level).st_mode):
-            raise OSError(errno.ELOOP, "a symbolic link replaced a directory being made", str(level))
+            raise OSError(
+                errno.ELOOP, "a symbolic link replaced a directory being made", str(level)
+            )
         os.chmod(level, 0o700)
 
 
