@@ -46,4 +46,4 @@ async def _serve(config: Config) -> int:
     # The daemon makes anyio primitives, so it is built inside the event loop.
     daemon = Daemon(config)
     await daemon.run()
-    return daemon.exit_status
+    return daemon.lifecycle.exit_status

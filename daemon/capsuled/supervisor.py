@@ -155,11 +155,6 @@ class Daemon:
             }
         )
 
-    @property
-    def exit_status(self) -> int:
-        """The process's exit status once :meth:`run` returned (``lifecycle.exit_status``)."""
-        return self.lifecycle.exit_status
-
     def _count_request(self, method: str, outcome: int | None) -> None:
         self.totals.requests += 1
         if outcome is not None:
