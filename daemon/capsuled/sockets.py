@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
+import anyio
 import structlog
 
 from capsule_client.paths import MAX_SOCKET_PATH_BYTES, make_private_dirs
@@ -29,10 +30,12 @@ from .lockfile import SocketLock, acquire_socket_lock
 from .startup_errors import AlreadyRunning, ServiceError, SocketPathTaken
 
 __all__ = [
+    "SOCKET_CHECK_INTERVAL_S",
     "BoundSocket",
     "Listening",
     "SocketMend",
     "bind_unix_socket",
+    "keep_listening",
     "listening_intact",
     "mend_listening",
     "open_listener",
@@ -41,6 +44,18 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("capsuled.sockets")
+
+#: How often a daemon that bound its own socket checks that the socket and
+#: lock files are still its own (:func:`keep_listening`), seconds.
+SOCKET_CHECK_INTERVAL_S = 2.0
+#: What the socket check may find again and again: warned about once while it lasts.
+_LASTING: Final = {
+    "contested": "the lock file was removed and another process holds the new one; "
+    "serving on, and locking it again once it is free",
+    "foreign": "something else is at the socket's path; this daemon cannot be reached "
+    "through it and leaves it alone",
+    "failed": "could not mend the socket; serving the one held",
+}
 
 
 def prepare_socket_directory(socket_path: Path) -> None:
@@ -321,3 +336,55 @@ def _socket_is(bound: BoundSocket) -> bool:
     except OSError:
         return False
     return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (bound.device, bound.inode)
+
+
+async def keep_listening(
+    listening: Listening,
+    *,
+    rebound: Callable[[socket.socket], None],
+    taken: Callable[[], None],
+) -> None:
+    """Every ``SOCKET_CHECK_INTERVAL_S``, mend the socket and lock files (docs/service.md).
+
+    A removed socket is bound again (and handed to ``rebound``); a removed
+    lock is taken again. If a second daemon took the lock first and the
+    socket is no longer this daemon's, ``taken`` is called (the daemon
+    stops with exit status 1 and leaves the path to it) and this returns.
+    What lasts (something else at the socket's path, a lock another
+    process holds, a failure to mend) is warned about once while it lasts.
+    Runs until cancelled.
+    """
+    lasting: set[str] = set()  # what the last check found, warned about already
+    while True:
+        await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
+        if listening_intact(listening):
+            lasting = set()
+            continue
+        details: dict[str, str] = {}
+        try:
+            done: list[str] = list(await anyio.to_thread.run_sync(mend_listening, listening))
+        except ServiceError as exc:
+            done, details = ["failed"], {"error": str(exc)}
+        if "taken" in done:
+            _log.error(
+                "the lock file was removed and another daemon has locked it; stopping",
+                lock=str(listening.lock.path),
+            )
+            taken()
+            return
+        if "relocked" in done:
+            _log.warning(
+                "the lock file was removed; locked it again", lock=str(listening.lock.path)
+            )
+        if "rebound" in done:
+            rebound(listening.sock)
+            _log.warning("the socket file was removed; bound it again", socket=str(listening.path))
+        found = _LASTING.keys() & done
+        for key in sorted(found - lasting):
+            _log.warning(
+                _LASTING[key],
+                socket=str(listening.path),
+                lock=str(listening.lock.path),
+                **details,
+            )
+        lasting = found

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -56,19 +57,8 @@ __all__ = ["Daemon", "StartupError"]
 
 log = structlog.get_logger("capsuled")
 
-#: How often a daemon that bound its own socket checks that the socket and
-#: lock files are still its own (:meth:`Daemon._keep_socket`), seconds.
-SOCKET_CHECK_INTERVAL_S = 2.0
 #: The longest a changed watch mode waits to reach ``STATUS=`` (sd_notify), seconds.
 _STATUS_RECHECK_S: Final = 60.0
-#: What the socket check may find again and again: warned about once while it lasts.
-_LASTING: Final = {
-    "contested": "the lock file was removed and another process holds the new one; "
-    "serving on, and locking it again once it is free",
-    "foreign": "something else is at the socket's path; this daemon cannot be reached "
-    "through it and leaves it alone",
-    "failed": "could not mend the socket; serving the one held",
-}
 
 
 class StartupError(Exception):
@@ -215,7 +205,14 @@ class Daemon:
                 listener = UnixListener(listening.sock)
                 await tg.start(self.server.serve, listener)
                 if not listening.activated:  # systemd's socket is systemd's to keep
-                    tg.start_soon(self._keep_socket, listening, listener)
+                    tg.start_soon(
+                        functools.partial(
+                            sockets.keep_listening,
+                            listening,
+                            rebound=listener.replace,
+                            taken=lambda: self.lifecycle.request_shutdown(exit_status=1),
+                        )
+                    )
                 log.info(
                     "capsuled ready",
                     pid=os.getpid(),
@@ -234,54 +231,6 @@ class Daemon:
             listening.close()  # removes only a socket the daemon created, then unlocks
             self.notifier.close()
             log.info("capsuled stopped")
-
-    async def _keep_socket(self, listening: sockets.Listening, listener: UnixListener) -> None:
-        """Every ``SOCKET_CHECK_INTERVAL_S``, mend the socket and lock files (docs/service.md).
-
-        A removed socket is bound again; a removed lock is taken again. If a
-        second daemon took the lock first and the socket is no longer this
-        daemon's, this one stops with exit status 1 and leaves the path to it.
-        What lasts (something else at the socket's path, a lock another
-        process holds, a failure to mend) is warned about once while it lasts.
-        """
-        lasting: set[str] = set()  # what the last check found, warned about already
-        while True:
-            await anyio.sleep(SOCKET_CHECK_INTERVAL_S)
-            if sockets.listening_intact(listening):
-                lasting = set()
-                continue
-            details: dict[str, str] = {}
-            try:
-                done: list[str] = list(
-                    await anyio.to_thread.run_sync(sockets.mend_listening, listening)
-                )
-            except ServiceError as exc:
-                done, details = ["failed"], {"error": str(exc)}
-            if "taken" in done:
-                log.error(
-                    "the lock file was removed and another daemon has locked it; stopping",
-                    lock=str(listening.lock.path),
-                )
-                self.lifecycle.request_shutdown(exit_status=1)
-                return
-            if "relocked" in done:
-                log.warning(
-                    "the lock file was removed; locked it again", lock=str(listening.lock.path)
-                )
-            if "rebound" in done:
-                listener.replace(listening.sock)
-                log.warning(
-                    "the socket file was removed; bound it again", socket=str(listening.path)
-                )
-            found = _LASTING.keys() & done
-            for key in sorted(found - lasting):
-                log.warning(
-                    _LASTING[key],
-                    socket=str(listening.path),
-                    lock=str(listening.lock.path),
-                    **details,
-                )
-            lasting = found
 
     async def _drain(self) -> None:
         """Carry the lifecycle's shutdown to each service, then wait for requests in flight.
