@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
 
 import anyio
 import structlog
 
 from capsule_client.protocol import ActiveSessionsSnapshot
 
-__all__ = ["Notifier", "send_watchdog", "status_text"]
+__all__ = ["Notifier", "send_watchdog", "status_text", "tell_service_manager"]
 
 _log = structlog.get_logger("capsuled.notify")
+
+#: The longest a changed watch mode waits to reach ``STATUS=``, seconds.
+_STATUS_RECHECK_S: Final = 60.0
 
 
 class Notifier:
@@ -155,3 +159,37 @@ async def send_watchdog(notifier: Notifier) -> None:
     while True:
         notifier.watchdog()
         await anyio.sleep(interval_s)
+
+
+async def tell_service_manager(
+    notifier: Notifier,
+    *,
+    first_observation: anyio.Event,
+    latest: Callable[[], ActiveSessionsSnapshot | None],
+    next_answer: Callable[[], Awaitable[None]],
+    watcher_mode: Callable[[], str],
+) -> None:
+    """``READY=1`` once the first observation is done, then ``STATUS=`` whenever
+    the one line (:func:`status_text`) changes (docs/design.md §8). Runs until cancelled.
+
+    Args:
+        notifier: where the messages go.
+        first_observation: set once discovery's first observation is done.
+        latest: discovery's latest answer.
+        next_answer: returns once discovery publishes a new answer.
+        watcher_mode: what the watcher does now.
+    """
+    status: str | None = None
+    await first_observation.wait()
+    while True:
+        text = status_text(latest(), watcher_mode())
+        if text != status:
+            if status is None:
+                notifier.ready(text)
+            else:
+                notifier.status(text)
+            status = text
+        # Woken by a new answer; a fall back to polling shows at the next
+        # one, or within a minute (an idle daemon sleeps).
+        with anyio.move_on_after(_STATUS_RECHECK_S):
+            await next_answer()

@@ -23,7 +23,6 @@ import functools
 import os
 import signal
 import time
-from typing import Final
 
 import anyio
 import structlog
@@ -33,6 +32,7 @@ from capsule_client.paths import records_root
 from capsule_client.protocol import StatusTotals
 
 from . import notify, sockets
+from .changes import ChangeFeed
 from .config import Config
 from .discovery import Discovery
 from .handlers import method_table
@@ -56,9 +56,6 @@ from .watcher import HomeWatcher
 __all__ = ["Daemon", "StartupError"]
 
 log = structlog.get_logger("capsuled")
-
-#: The longest a changed watch mode waits to reach ``STATUS=`` (sd_notify), seconds.
-_STATUS_RECHECK_S: Final = 60.0
 
 
 class StartupError(Exception):
@@ -86,27 +83,31 @@ class Daemon:
         self.started_monotonic = time.monotonic()
         self.lifecycle = Lifecycle()
         self.totals = StatusTotals()
-        self.discovery = Discovery(
-            config.home,
-            sample_interval_s=config.sample_interval_s,
-            totals=self.totals,
-            watcher_mode=lambda: self.watcher.mode,
-            max_pidfds=config.max_pidfds,
-            sync=lambda: self.watcher.sync(),
-            verify_interval_s=config.verify_interval_s,
-            on_missed=lambda: self.watcher.recheck(),
-        )
-        self.subscriptions = SubscriptionHub(lambda: self.discovery.announced, self.totals)
-        self.discovery.add_listener(self.subscriptions.publish)
-        # The watch starts before discovery's first observation, a walk: one
-        # walk to ready, and nothing written meanwhile is missed.
+        # The watch feeds discovery's reader; it starts before discovery's
+        # first observation, a walk: one walk to ready, and nothing written
+        # meanwhile is missed.
+        feed = ChangeFeed()
         self.watcher = HomeWatcher(
             config.home,
-            self.discovery.changes,
+            feed,
             mode=config.watch,
             poll_interval_s=config.poll_interval_s,
             rescan_at_start=False,
         )
+        watcher = self.watcher
+        self.discovery = Discovery(
+            config.home,
+            sample_interval_s=config.sample_interval_s,
+            totals=self.totals,
+            changes=feed,
+            watcher_mode=lambda: watcher.mode,  # it may fall back to polling
+            max_pidfds=config.max_pidfds,
+            sync=watcher.sync,
+            verify_interval_s=config.verify_interval_s,
+            on_missed=watcher.recheck,
+        )
+        self.subscriptions = SubscriptionHub(lambda: self.discovery.announced, self.totals)
+        self.discovery.add_listener(self.subscriptions.publish)
         self.methods = self._method_table()
         self.dispatcher = Dispatcher(self.methods, on_request=self._count_request)
         self.server = Server(
@@ -159,24 +160,6 @@ class Daemon:
         log.info("rescan requested")
         self.discovery.request_rescan()
 
-    async def _tell_service_manager(self) -> None:
-        """sd_notify (docs/design.md §8): ``READY=1`` once the first observation is done,
-        then ``STATUS=`` whenever the one-line state changes."""
-        status: str | None = None
-        await self.discovery.first_observation.wait()
-        while True:
-            text = notify.status_text(self.discovery.latest, self.watcher.mode)
-            if text != status:
-                if status is None:
-                    self.notifier.ready(text)
-                else:
-                    self.notifier.status(text)
-                status = text
-            # Woken by a new answer; a fall back to polling shows at the next
-            # one, or within a minute (an idle daemon sleeps).
-            with anyio.move_on_after(_STATUS_RECHECK_S):
-                await self.discovery.next_answer()
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until :meth:`request_shutdown`; then drain and clean up.
 
@@ -221,7 +204,16 @@ class Daemon:
                     socket_activated=listening.activated,
                 )
                 if self.notifier.address is not None:
-                    tg.start_soon(self._tell_service_manager)
+                    tg.start_soon(
+                        functools.partial(
+                            notify.tell_service_manager,
+                            self.notifier,
+                            first_observation=self.discovery.first_observation,
+                            latest=lambda: self.discovery.latest,
+                            next_answer=self.discovery.next_answer,
+                            watcher_mode=lambda: self.watcher.mode,
+                        )
+                    )
                 task_status.started()
                 await self.lifecycle.stopping()
                 self.notifier.stopping("shutting down: finishing requests in flight")
