@@ -11,7 +11,7 @@ import re
 
 import msgspec
 
-from capsule_client.cli import render_reconcile, render_sessions
+from capsule_client._render import render_reconcile, render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
@@ -88,7 +88,7 @@ def test_plain_text_and_backslashes_read_as_before() -> None:
         message="",
     )
     row = render_reconcile("ses_a", report).splitlines()[-1]
-    assert row.split() == ["wrk_1", "unknown", "sh", "echo", '"a\\\\b"']
+    assert row.split() == ["wrk_1", "not", "recorded", "sh", "echo", '"a\\\\b"']
 
 
 def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capsule_client.cli import render_sessions
+from capsule_client._render import render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
