@@ -22,6 +22,7 @@ from capsule_client.protocol import (
     Session,
     SessionProcess,
 )
+from capsuled.reconcile import lost_message
 
 ESC = "\x1b"
 C1_CSI = "\x9b"
@@ -103,3 +104,18 @@ def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
     )
     [row] = [line for line in shown.splitlines() if "4242" in line]
     assert row.endswith("a\\u202egnp.exe\\u2066b\\u2028c\\u2029d\\u200fe"), row
+
+
+def test_the_table_and_the_report_text_show_a_detach_time_alike() -> None:
+    work = LostWork(work_id="wrk_1", binary="sh", command="sleep 9", detached_at_ms=1764400000123)
+    report = LostReport(
+        started_in_session="ses_a",
+        lost=[work],
+        context_id="ctx",
+        provenance=Provenance(origin="completion", trust="trusted"),
+        task_id="tsk_0",
+        message=lost_message("ses_a", [work]),
+    )
+    row = render_reconcile("ses_a", report).splitlines()[-1]
+    assert row.split()[1] == "2025-11-29T07:06:40.123Z"
+    assert "1764400000123 ms since the Unix epoch (2025-11-29T07:06:40.123Z)" in report.message

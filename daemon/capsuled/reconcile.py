@@ -27,12 +27,12 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
 import uuid_utils
 
+from capsule_client._render import detach_time
 from capsule_client.protocol import LostReport, LostWork, Provenance
 from capsule_client.trace import (
     DEFAULT_LOCK_TIMEOUT_S,
@@ -300,17 +300,9 @@ def _new_event_id() -> str:
     return f"evt_{uuid_utils.uuid7().hex}"
 
 
-def _detach_time(detached_at_ms: int) -> str:
-    if detached_at_ms == 0:
-        return "at 0 ms since the Unix epoch (detach time not recorded)"
-    try:
-        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
-    except (OverflowError, ValueError, OSError):
-        return f"at {detached_at_ms} ms since the Unix epoch"
-    return (
-        f"at {detached_at_ms} ms since the Unix epoch "
-        f"({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
-    )
+def _detached(detached_at_ms: int) -> str:
+    """When a work was detached, in milliseconds and as :func:`detach_time` shows it."""
+    return f"at {detached_at_ms} ms since the Unix epoch ({detach_time(detached_at_ms)})"
 
 
 #: Line breaks that JSON may leave unescaped (msgspec does) but ``str.splitlines``
@@ -351,7 +343,7 @@ def lost_message(started_in_session: str, lost: Sequence[LostWork]) -> str:
     )
     items = [
         f"- {_named(work.work_id)}: binary {_quoted(work.binary)}, "
-        f"command {_quoted(work.command)}, detached {_detach_time(work.detached_at_ms)}"
+        f"command {_quoted(work.command)}, detached {_detached(work.detached_at_ms)}"
         for work in lost
     ]
     return "\n".join([head, *items])
