@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
-import uuid_utils
 
 from capsule_client._render import detach_time
 from capsule_client.protocol import LostReport, LostWork, Provenance
@@ -44,6 +43,8 @@ from capsule_client.trace import (
     encode_line,
     is_session_directory_name,
     lock_trace,
+    new_event_id,
+    new_task_id,
     now_ms,
 )
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, ShuttingDown, UnsafePath
@@ -52,7 +53,6 @@ __all__ = [
     "DetachedWork",
     "TraceScan",
     "lost_message",
-    "new_task_id",
     "reconcile",
     "scan_lines",
     "scan_trace",
@@ -291,15 +291,6 @@ def scan_trace(path: str | os.PathLike[str], *, this_session: str | None = None)
 # Report
 
 
-def new_task_id() -> str:
-    """``tsk_`` + 32 lowercase hex digits of a UUIDv7 (docs/design.md §6)."""
-    return f"tsk_{uuid_utils.uuid7().hex}"
-
-
-def _new_event_id() -> str:
-    return f"evt_{uuid_utils.uuid7().hex}"
-
-
 def _detached(detached_at_ms: int) -> str:
     """When a work was detached, in milliseconds and as :func:`detach_time` shows it."""
     return f"at {detached_at_ms} ms since the Unix epoch ({detach_time(detached_at_ms)})"
@@ -455,7 +446,7 @@ def _markers(
     return b"".join(
         encode_line(
             ShellLost(
-                event_id=_new_event_id(),
+                event_id=new_event_id(),
                 session_id=from_session,
                 timestamp=timestamp,
                 parent_id=scan.session_event_id,
