@@ -61,7 +61,7 @@ __all__ = [
 #: Read buffer for the scan; memory is bounded by this plus the longest line.
 _READ_BUFFER_BYTES: Final = 1 << 20
 
-#: JSON numbers above this are not a ``u64`` in the seed and count as absent.
+#: JSON numbers above this are not a ``u64`` in the original reconcile and count as absent.
 _U64_LIMIT: Final = 1 << 64
 
 #: Every JSON object is a record, also one holding a number no float can hold
@@ -129,16 +129,19 @@ class TraceScan:
 
 
 # One handler per event type that matters; a member of the wrong type counts
-# as absent, as in the seed (``as_str()`` / ``as_u64()`` with defaults).
+# as absent, as in the original reconcile (``as_str()`` / ``as_u64()`` with defaults).
 
 
 def _string(value: Any) -> str:
-    """A member as the seed's ``as_str().unwrap_or_default()``."""
+    """A member as the original reconcile's ``as_str().unwrap_or_default()``."""
     return value if type(value) is str else ""
 
 
 def _u64(value: Any) -> int:
-    """A member as the seed's ``as_u64().unwrap_or_default()``: an int in [0, 2**64), else 0."""
+    """A member as the original reconcile's ``as_u64().unwrap_or_default()``.
+
+    An int in [0, 2**64), else 0.
+    """
     return value if type(value) is int and 0 <= value < _U64_LIMIT else 0
 
 
@@ -495,8 +498,8 @@ def reconcile(
         The report, or ``None`` when nothing is lost (and nothing was written).
 
     Raises:
-        InvalidParams: ``from_session`` is not a session directory name (seed
-            000's rule), or ``this_session`` is empty; nothing is read.
+        InvalidParams: ``from_session`` is not a session directory name (the
+            original reconcile's rule), or ``this_session`` is empty; nothing is read.
         NoSuchTrace: the records root, the session directory or its trace
             does not exist.
         UnsafePath: the session directory or the trace is a symlink or not a
