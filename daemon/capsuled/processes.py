@@ -6,7 +6,8 @@ because a zombie is not live.
 
 On Linux the sample reads ``/proc/<pid>/stat`` directly, one ``open`` and
 one ``read`` per pid, parsed by :mod:`capsule_client._proc`: several times
-faster than ``psutil.process_iter`` (docs/benchmark-profiles.md), with
+faster than ``psutil.process_iter`` (docs/benchmark-profiles.md, "Figures
+behind the code"), with
 identical start times (both compute ``btime + starttime / CLK_TCK``).
 Elsewhere psutil is used, with its per-pid cache cleared first:
 ``process_iter`` keeps ``Process`` objects by pid, and after a pid is reused
