@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 
@@ -207,10 +206,5 @@ class DaemonProcess:
     def __enter__(self) -> DaemonProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.kill()
