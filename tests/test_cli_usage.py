@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 
 from capsule_client.cli import main
@@ -60,3 +62,10 @@ def test_a_socket_path_too_long_for_a_unix_socket_is_a_usage_error(
     err = capsys.readouterr().err
     assert f"socket path {path} is longer than the 107 bytes a Unix socket allows" in err
     assert "not running" not in err
+
+
+def test_version_prints_the_installed_version_and_exits_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"capsulectl {importlib.metadata.version('capsuled')}\n"

@@ -1,7 +1,7 @@
 """Following the daemon until interrupted: ``capsulectl watch`` and ``capsulectl top``.
 
 Both outlive a daemon restart: they reconnect, and start again from the whole
-answer (docs/design.md §1). Both end quietly on Ctrl-C and when the reader of
+answer (docs/design.md §9). Both end quietly on Ctrl-C and when the reader of
 their output goes away (``| head``).
 """
 

@@ -2,7 +2,7 @@
 
 Every string that comes from a receipt or a trace goes through :func:`inert`
 or :func:`one_line` first, so it prints as one line that cannot act on the
-terminal. The layouts are for people and may change (docs/design.md §1);
+terminal. The layouts are for people and may change (docs/design.md §9);
 ``--json`` is the stable output.
 """
 

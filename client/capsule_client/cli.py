@@ -1,4 +1,4 @@
-"""``capsulectl``: ask the daemon from a shell (docs/design.md §1).
+"""``capsulectl``: ask the daemon from a shell (docs/design.md §9).
 
 Exit status: 0 success, 1 the daemon answered an error (or the reply was
 lost or late), 2 bad usage, 3 the daemon is not running.
@@ -10,6 +10,7 @@ JSON document; without it, output is for people and may change.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -194,6 +195,14 @@ def _socket_path(text: str) -> str:
     return text
 
 
+def _version() -> str:
+    """The installed distribution's version (the daemon's too: they ship together)."""
+    try:
+        return importlib.metadata.version("capsuled")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``capsulectl`` command line."""
     common = argparse.ArgumentParser(add_help=False)
@@ -226,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask capsuled which sessions are alive and what resumed sessions lost.",
         epilog="Exit status: 0 success, 1 the daemon answered an error, 2 bad usage, "
         "3 the daemon is not running.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"capsulectl {_version()}", help="print it and exit"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, subcommand in COMMANDS.items():
