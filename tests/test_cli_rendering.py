@@ -1,8 +1,9 @@
 """capsulectl's tables print what receipts and traces say without letting it act on a terminal.
 
 Commands, binaries, file names and ids come from files that a model's output
-can reach (SPEC §3, §6); the human tables (SPEC §9) spell control characters
-as escapes and keep one row per line. ``--json`` is untouched: JSON escapes them.
+can reach (docs/design.md §3, §6); the human tables (docs/design.md §9) spell
+control characters as escapes and keep one row per line. ``--json`` is
+untouched: JSON escapes them. Then the layout of the sessions table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``capsulectl`` usage errors exit 2 with a reason, before any connection (SPEC §9)."""
+"""``capsulectl`` usage errors exit 2 with a reason, before any connection (docs/design.md §9)."""
 
 from __future__ import annotations
 

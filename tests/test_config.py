@@ -1,4 +1,4 @@
-"""Flags, environment variables and defaults (SPEC §2, §8)."""
+"""Flags, environment variables and defaults (docs/design.md §2, §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Receipt formats and the receipt writer kit (SPEC §3, §9), on real processes and files."""
+"""Receipt formats and their writer kit (docs/design.md §3, §9), on real processes and files."""
 
 from __future__ import annotations
 

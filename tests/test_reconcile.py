@@ -226,7 +226,7 @@ def test_the_report_carries_the_lowest_trust_across_the_work_it_names(tmp_path: 
 
 
 # --------------------------------------------------------------------------
-# Markers (SPEC §6)
+# Markers (docs/design.md §6)
 
 
 def test_markers_have_exactly_the_spec_fields_and_fresh_uuid7_ids(tmp_path: Path) -> None:

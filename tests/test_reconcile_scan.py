@@ -1,6 +1,6 @@
-"""The trace scan (SPEC §6 "Scan"): tolerant, streaming, and exactly "decode every line".
+"""The trace scan (docs/design.md §6 "Scan"): tolerant, streaming, and exactly "decode every line".
 
-The oracle below decodes every line on its own and applies SPEC §6's rules in
+The oracle below decodes every line on its own and applies docs/design.md §6's rules in
 the plainest way; the scan must agree with it on any input, including lines
 whose names are spelt with JSON ``\\u`` escapes, so that a pre-filter that
 looks for the literal bytes ``shell_detached`` (or ``"event_type"``) fails here.
@@ -30,7 +30,7 @@ def u64_or_zero(value: Any) -> int:
 
 
 def oracle(data: bytes) -> dict[str, Any]:
-    """SPEC §6's scan, one msgspec decode per ``\\n``-separated line, no shortcuts."""
+    """docs/design.md §6's scan, one msgspec decode per ``\\n``-separated line, no shortcuts."""
     session_event_id = None
     detached: dict[str, tuple[str, str, int, str | None]] = {}
     accounted: set[str] = set()

@@ -1,4 +1,4 @@
-"""The trace writer kit (SPEC §9): whole lines, the shared lock, safe opening."""
+"""The trace writer kit (docs/design.md §9): whole lines, the shared lock, safe opening."""
 
 from __future__ import annotations
 
