@@ -370,13 +370,15 @@ def process_start_time(pid: int) -> float:
     """The start time of process ``pid``, Unix seconds.
 
     Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
-    boot time from ``/proc/stat`` — the same arithmetic as psutil's
-    ``create_time()``, which the daemon's process sample matches. macOS:
-    ``sysctl(KERN_PROC_PID)``'s ``p_starttime``.
+    boot time from ``/proc/stat``, read by :mod:`capsule_client._proc`, the
+    parser the daemon's process sample uses too — the same arithmetic as
+    psutil's ``create_time()``. macOS: ``sysctl(KERN_PROC_PID)``'s
+    ``p_starttime``.
 
     Raises:
         ProcessLookupError: no process ``pid``.
         OSError: the platform is neither Linux nor macOS, or the OS refused.
+        ValueError: ``/proc/<pid>/stat`` could not be parsed.
     """
     if sys.platform.startswith("linux"):
         return _linux_start_time(pid)
