@@ -1,8 +1,8 @@
-"""The real ``capsuled`` as a subprocess on a short socket path, for benchmarks.
+"""The real ``capsuled`` as a subprocess on a short socket path: the one launcher.
 
-A small equivalent of ``tests/support.py``'s ``DaemonProcess`` (the tests'
-helpers are not importable from here): it logs at ``warning`` so that request
-logging costs what it costs in production, not what debug logging costs.
+The benchmarks and the tests (``tests/support.py`` re-exports it) both start
+the daemon with :class:`DaemonProcess`. Only the standard library and psutil
+are imported here, so ``python -m benchmarks`` and pytest can both import it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 
@@ -69,13 +68,25 @@ def wait_for_socket(
 
 
 class DaemonProcess:
-    """``python -m capsuled --home HOME --socket SOCKET`` until :meth:`stop`.
+    """``python -m capsuled --home HOME --socket SOCKET``, logging JSON to a file, until stopped.
+
+    Leaving the ``with`` block kills it (SIGKILL, then reaps it): call
+    :meth:`stop` first for a clean shutdown and its exit status.
 
     Args:
-        home: the home to serve (created 0700 if missing).
-        socket_path: the socket (keep it short).
-        args: extra command-line arguments.
-        log_level: the daemon's ``--log-level``.
+        home: the home to serve (the daemon creates it 0700 if missing).
+        socket_path: the socket (keep it short: 107 bytes at most).
+        args: extra command-line arguments (they come last, so they override
+            the log level too).
+        env: extra environment variables, over this process's own.
+        log_level: the daemon's ``--log-level``; the benchmarks pass
+            ``warning``, so that request logging costs what it costs in
+            production rather than what debug logging costs.
+
+    Attributes:
+        log_path: where its output goes (appended): ``capsuled-<socket
+            name>.log`` beside the home, outside what the daemon watches.
+        process: the running process once :meth:`start` ran.
     """
 
     def __init__(
@@ -83,32 +94,22 @@ class DaemonProcess:
         home: Path,
         socket_path: Path,
         args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
         *,
-        log_level: str = "warning",
+        log_level: str = "debug",
     ) -> None:
         self.home = home
         self.socket_path = socket_path
         self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
         self.log_level = log_level
-        self.log_path = socket_path.with_suffix(".log")
+        self.log_path = home.parent / f"capsuled-{socket_path.name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
-    def pid(self) -> int:
-        """The daemon's process id."""
-        if self.process is None:
-            raise RuntimeError("the daemon is not started")
-        return self.process.pid
-
-    def start(self, *, timeout_s: float = 30.0) -> DaemonProcess:
-        """Start it and wait until it answers ``ping``.
-
-        Raises:
-            RuntimeError: it exited or did not answer in ``timeout_s`` (the
-                message carries the end of its log).
-        """
-        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        command = [
+    def command(self) -> list[str]:
+        """The command line it runs (a subclass may wrap it)."""
+        return [
             sys.executable,
             "-m",
             "capsuled",
@@ -122,41 +123,64 @@ class DaemonProcess:
             self.log_level,
             *self.args,
         ]
+
+    @property
+    def pid(self) -> int:
+        """The daemon's process id.
+
+        Raises:
+            RuntimeError: it was not started.
+        """
+        if self.process is None:
+            raise RuntimeError("the daemon is not started")
+        return self.process.pid
+
+    def start(self, *, wait: bool = True, timeout_s: float = 30.0) -> DaemonProcess:
+        """Start it; with ``wait``, wait until it answers ``ping`` (:meth:`wait_ready`).
+
+        Raises:
+            RuntimeError: with ``wait``, it exited or did not answer in
+                ``timeout_s``.
+        """
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=dict(os.environ)
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env
             )
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until the socket answers ``ping``; fail early if the daemon exits.
+
+        Raises:
+            RuntimeError: it exited, or did not answer in ``timeout_s`` (then
+                it is killed); the message carries the end of its log.
+        """
+        assert self.process is not None, "start() first"
         try:
             wait_for_socket(self.socket_path, self.process, timeout_s=timeout_s, ping=True)
         except RuntimeError as exc:
             self.kill()
             raise RuntimeError(f"{exc}\n{self.log_tail()}") from exc
-        return self
 
-    def rss_bytes(self) -> int:
-        """The daemon's resident set size now."""
-        return int(psutil.Process(self.pid).memory_info().rss)
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        """Send ``sig`` and wait for the exit status.
 
-    def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of its log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, wait; SIGKILL if it does not exit in ``timeout_s``."""
+        Raises:
+            subprocess.TimeoutExpired: it did not exit in ``timeout_s`` (it is
+                killed first, so nothing is left running).
+            RuntimeError: it was not started.
+        """
         if self.process is None:
-            return None
+            raise RuntimeError("the daemon is not started")
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-        return self.process.returncode
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         """SIGKILL and reap (no-op once exited)."""
@@ -164,13 +188,23 @@ class DaemonProcess:
             self.process.kill()
             self.process.wait(timeout=10)
 
+    def rss_bytes(self) -> int:
+        """The daemon's resident set size now."""
+        return int(psutil.Process(self.pid).memory_info().rss)
+
+    def logs(self) -> str:
+        """Everything in its log so far ("" before it wrote any)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of its log."""
+        return "\n".join(self.logs().splitlines()[-lines:])
+
     def __enter__(self) -> DaemonProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

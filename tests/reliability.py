@@ -1,11 +1,11 @@
-"""Regenerate docs/reliability.md: run the hardening tests at full size, write the figures.
+"""Regenerate docs/reliability.md: run the reliability tests at full size, write the figures.
 
 Usage (from the repository root, in the test venv)::
 
     .venv/bin/python tests/reliability.py          # full size, rewrites docs/reliability.md
     .venv/bin/python tests/reliability.py --ci     # CI size, quick check of the script
 
-It runs pytest on the hardening tests with ``CAPSULED_HARDENING_FULL=1`` and
+It runs pytest on the reliability tests with ``CAPSULED_HARDENING_FULL=1`` and
 ``CAPSULED_RELIABILITY_OUT`` set; each test writes what it measured as JSON,
 and this script renders those files into the page. A failing test fails the
 script and leaves the page as it was.
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reliability.md"
 
-#: The hardening tests, in the order the page presents them.
+#: The reliability tests (bad input, load, faults), in the order the page presents them.
 TESTS = [
     "tests/integration/test_fuzz_protocol.py",
     "tests/integration/test_load.py",
@@ -36,15 +36,15 @@ TESTS = [
     "tests/integration/test_bad_input.py",
     "tests/integration/test_bad_receipts.py",
     "tests/integration/test_params_catalogue.py",
-    "tests/test_dispatch_hardening.py",
-    "tests/test_scan_hardening.py",
-    "tests/test_receipts_hardening.py",
+    "tests/test_dispatch_hostile_input.py",
+    "tests/test_reconcile_scan.py",
+    "tests/test_receipts.py",
 ]
 
 INTRO = """\
 # Reliability
 
-What the hardening tests show about capsuled under bad input, load and
+What the reliability tests show about capsuled under bad input, load and
 faults, with the figures of the last full run. Every test here runs in CI at
 a small size; the figures below come from the full size.
 

@@ -1,4 +1,7 @@
-"""Test helpers: deadlines instead of sleeps, short socket paths, a real daemon."""
+"""Test helpers: deadlines instead of sleeps, short socket paths, a real daemon.
+
+The daemon is started by :class:`DaemonProcess`, the launcher the benchmarks use too.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+
+# Re-exported: the tests start the daemon with the benchmarks' launcher.
+from benchmarks.daemon import DaemonProcess as DaemonProcess
 
 T = TypeVar("T")
 
@@ -121,97 +127,6 @@ def answers_ping(socket_path: Path, *, timeout_s: float = 2.0) -> bool:
 def raw_replies(socket_path: Path, data: bytes) -> list[Any]:
     """:func:`raw_exchange`, with each line the daemon sent back decoded as JSON."""
     return [json.loads(line) for line in raw_exchange(socket_path, data).splitlines()]
-
-
-class DaemonProcess:
-    """The real ``capsuled``, started as a subprocess on a short socket path.
-
-    Args:
-        home: the home directory to serve.
-        socket_path: the socket to listen on.
-        args: extra command-line arguments.
-        env: extra environment variables.
-    """
-
-    def __init__(
-        self,
-        home: Path,
-        socket_path: Path,
-        args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.home = home
-        self.socket_path = socket_path
-        self.args = list(args)
-        self.env = {**os.environ, **(env or {})}
-        self.log_path = home.parent / f"capsuled-{socket_path.name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "capsuled",
-            "--home",
-            str(self.home),
-            "--socket",
-            str(self.socket_path),
-            "--log-format",
-            "json",
-            "--log-level",
-            "debug",
-            *self.args,
-        ]
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self, *, wait: bool = True) -> DaemonProcess:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env
-        )
-        log.close()
-        if wait:
-            self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout_s: float = 10.0) -> None:
-        """Wait until the socket accepts a ``ping``; fail early if the daemon died."""
-
-        def answers() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(
-                    f"capsuled exited with {self.process.returncode}:\n{self.logs()}"
-                )
-            return answers_ping(self.socket_path, timeout_s=1)
-
-        wait_until(answers, timeout_s=timeout_s, message="capsuled to answer ping")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
-        """Send ``sig`` and wait for the exit status."""
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout=timeout_s)
-
-    def logs(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def __enter__(self) -> DaemonProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
 
 
 def bind_notify_socket(kind: str, directory: Path) -> tuple[socket.socket, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from capsule_client.cli import ChangePrinter, render_top
+from capsule_client._render import ChangePrinter, render_top
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,

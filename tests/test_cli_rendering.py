@@ -1,8 +1,9 @@
 """capsulectl's tables print what receipts and traces say without letting it act on a terminal.
 
 Commands, binaries, file names and ids come from files that a model's output
-can reach (SPEC §3, §6); the human tables (SPEC §9) spell control characters
-as escapes and keep one row per line. ``--json`` is untouched: JSON escapes them.
+can reach (docs/design.md §3, §6); the human tables (docs/design.md §9) spell
+control characters as escapes and keep one row per line. ``--json`` is
+untouched: JSON escapes them. Then the layout of the sessions table.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 
 import msgspec
 
-from capsule_client.cli import render_reconcile, render_sessions
+from capsule_client._render import render_reconcile, render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
@@ -22,6 +23,7 @@ from capsule_client.protocol import (
     Session,
     SessionProcess,
 )
+from capsuled.reconcile import lost_message
 
 ESC = "\x1b"
 C1_CSI = "\x9b"
@@ -88,7 +90,7 @@ def test_plain_text_and_backslashes_read_as_before() -> None:
         message="",
     )
     row = render_reconcile("ses_a", report).splitlines()[-1]
-    assert row.split() == ["wrk_1", "unknown", "sh", "echo", '"a\\\\b"']
+    assert row.split() == ["wrk_1", "not", "recorded", "sh", "echo", '"a\\\\b"']
 
 
 def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
@@ -103,3 +105,87 @@ def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
     )
     [row] = [line for line in shown.splitlines() if "4242" in line]
     assert row.endswith("a\\u202egnp.exe\\u2066b\\u2028c\\u2029d\\u200fe"), row
+
+
+def test_the_table_and_the_report_text_show_a_detach_time_alike() -> None:
+    work = LostWork(work_id="wrk_1", binary="sh", command="sleep 9", detached_at_ms=1764400000123)
+    report = LostReport(
+        started_in_session="ses_a",
+        lost=[work],
+        context_id="ctx",
+        provenance=Provenance(origin="completion", trust="trusted"),
+        task_id="tsk_0",
+        message=lost_message("ses_a", [work]),
+    )
+    row = render_reconcile("ses_a", report).splitlines()[-1]
+    assert row.split()[1] == "2025-11-29T07:06:40.123Z"
+    assert "1764400000123 ms since the Unix epoch (2025-11-29T07:06:40.123Z)" in report.message
+
+
+# --------------------------------------------------------------------------
+# The sessions table's layout
+
+
+NOW = 1_800_000_000.0
+
+
+def snapshot_of(**fields: object) -> ActiveSessionsSnapshot:
+    values: dict[str, object] = {
+        "home": "/h",
+        "observed_at": NOW - 1,
+        "generation": 7,
+        "task": None,
+        "discovery": "ready",
+        "sessions": [],
+        "unowned": [],
+        "servers": [],
+        "gaps": [],
+        "cost": DiscoveryCost(),
+    }
+    values.update(fields)
+    return ActiveSessionsSnapshot(**values)  # type: ignore[arg-type]
+
+
+def test_sessions_table_lists_processes_under_their_session() -> None:
+    table = render_sessions(
+        snapshot_of(
+            sessions=[
+                Session(
+                    "ses_a",
+                    "ctx_a",
+                    [
+                        SessionProcess("exec", 10, int(NOW) - 75, exec_id="e", command="make"),
+                        SessionProcess(
+                            "provider_client", 11, int(NOW) - 4000, input_id="inp_x", provider="oc"
+                        ),
+                    ],
+                ),
+                Session("ses_b", None, [SessionProcess("process", 12, int(NOW))]),
+            ],
+            unowned=[SessionProcess("exec", 13, int(NOW), exec_id="stray")],
+            servers=[ServerEntry(14, url="http://127.0.0.1:4096")],
+            gaps=["/h/runs/x: not a regular file"],
+        ),
+        now_s=NOW,
+    )
+    assert table.splitlines() == [
+        "SESSION        KIND             PID  AGE    COMMAND / PROVIDER",
+        "ses_a [ctx_a]  exec             10   1m15s  make",
+        "               provider_client  11   1h06m  oc (inp_x)",
+        "ses_b          process          12   0s     registered process",
+        "",
+        "unowned:   1 live receipt nobody owns",
+        "server:    pid 14 http://127.0.0.1:4096",
+        "discovery: ready (generation 7, observed 1s ago)",
+        "gap:       /h/runs/x: not a regular file",
+    ]
+
+
+def test_an_empty_scanning_snapshot_says_so() -> None:
+    table = render_sessions(
+        snapshot_of(discovery="scanning", gaps=["session discovery is catching up"]), now_s=NOW
+    )
+    assert table.splitlines()[0] == "no active sessions"
+    assert "unowned:   0 live receipts nobody owns" in table
+    assert "discovery: scanning (generation 7" in table
+    assert table.endswith("gap:       session discovery is catching up")

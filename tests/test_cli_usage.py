@@ -1,6 +1,8 @@
-"""``capsulectl`` usage errors exit 2 with a reason, before any connection (SPEC §9)."""
+"""``capsulectl`` usage errors exit 2 with a reason, before any connection (docs/design.md §9)."""
 
 from __future__ import annotations
+
+import importlib.metadata
 
 import pytest
 
@@ -60,3 +62,10 @@ def test_a_socket_path_too_long_for_a_unix_socket_is_a_usage_error(
     err = capsys.readouterr().err
     assert f"socket path {path} is longer than the 107 bytes a Unix socket allows" in err
     assert "not running" not in err
+
+
+def test_version_prints_the_installed_version_and_exits_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"capsulectl {importlib.metadata.version('capsuled')}\n"

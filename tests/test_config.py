@@ -1,4 +1,4 @@
-"""Flags, environment variables and defaults (SPEC §2, §8)."""
+"""Flags, environment variables and defaults (docs/design.md §2, §8)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capsule_client.paths import default_home, default_socket
-from capsuled.config import ConfigError, parse_args
+from capsuled.config import ConfigError, build_parser, parse_args
 
 
 def test_defaults_follow_xdg() -> None:
@@ -62,3 +62,24 @@ def test_flag_beats_environment_beats_default() -> None:
 def test_bad_values_are_named(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         parse_args(["--home", "/h", *argv], {})
+
+
+# --------------------------------------------------------------------------
+# --write-timeout / CAPSULED_WRITE_TIMEOUT (docs/protocol.md, "Slow readers")
+
+
+def test_write_timeout_flag_beats_environment_beats_default() -> None:
+    assert parse_args(["--home", "/h"], {}).write_timeout_s == 10.0
+    env = {"CAPSULED_WRITE_TIMEOUT": "2.5"}
+    assert parse_args(["--home", "/h"], env).write_timeout_s == 2.5
+    assert parse_args(["--home", "/h", "--write-timeout", "0.25"], env).write_timeout_s == 0.25
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_bad_write_timeout_is_named(value: str) -> None:
+    with pytest.raises(ConfigError, match="write timeout"):
+        parse_args(["--home", "/h", "--write-timeout", value], {})
+
+
+def test_help_names_the_write_timeout_variable() -> None:
+    assert "CAPSULED_WRITE_TIMEOUT" in build_parser().format_help()

@@ -1,4 +1,4 @@
-"""The distribution's shape (SPEC §1): two import packages, two commands, typed, bounded deps."""
+"""The distribution's shape (docs/design.md §1): two packages, two commands, typed, bounded deps."""
 
 from __future__ import annotations
 

@@ -1,13 +1,16 @@
-"""Receipt formats and the receipt writer kit (SPEC §3, §9), on real processes and files."""
+"""Receipt formats and their writer kit (docs/design.md §3, §9), on real processes and files."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import psutil
@@ -186,3 +189,54 @@ def test_client_side_needs_neither_psutil_nor_the_daemon() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------
+# Receipts the bad-input catalogue found escaping the decoders
+
+
+GOOD: dict[str, bytes] = {
+    "provider": b'{"schema_version":1,"pid":42,"started_at":"2026-01-01T00:00:00+00:00"%s}',
+    "exec": b'{"schema_version":1,"exec_id":"e","pid":42,"started_at":1%s}',
+    "servers": b'[{"opencode_pid":42%s}]',
+}
+DECODERS: dict[str, Callable[[bytes], Any]] = {
+    "provider": decode_provider_client_receipt,
+    "exec": decode_exec_receipt,
+    "servers": decode_servers_registry,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_the_good_forms_decode(kind: str) -> None:
+    decoded = DECODERS[kind](GOOD[kind] % b"")
+    entry = decoded[0] if kind == "servers" else decoded
+    pid = entry.opencode_pid if kind == "servers" else entry.pid
+    assert pid == 42, decoded
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b',"x":' + b"[" * 30_000 + b"]" * 30_000,
+        b',"x":' + b'{"a":' * 30_000 + b"1" + b"}" * 30_000,
+        b',"x":"\xff"',
+        b',"x":"\xed\xa0\x80"',
+        b',"\xc3\x28":1',
+    ],
+    ids=["deep-array", "deep-object", "invalid-utf8", "utf8-surrogate", "invalid-utf8-key"],
+)
+def test_every_malformed_receipt_is_a_receipt_error(kind: str, extra: bytes) -> None:
+    """Kind: skipped members were neither UTF-8-checked nor bounded in depth.
+
+    A ``RecursionError`` escaped the reader and failed every observation
+    (-32603), so one hostile file denied service to every client.
+    """
+    with pytest.raises(ReceiptError):
+        DECODERS[kind](GOOD[kind] % extra)
+
+
+def test_a_deep_value_in_a_known_field_is_a_receipt_error_too() -> None:
+    with pytest.raises(ReceiptError):
+        decode_exec_receipt(json.dumps({"pid": [[[[1]]]]}).encode())

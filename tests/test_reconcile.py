@@ -1,4 +1,4 @@
-"""Reconcile a prior session's trace (seed 000's six tests, then SPEC §6 beyond them)."""
+"""Reconcile a prior session's trace: the original reconcile's six tests, then docs/design.md §6."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def is_uuid7_hex(text: str) -> bool:
 
 
 # --------------------------------------------------------------------------
-# Seed 000's six tests
+# The original reconcile's six tests
 
 
 def test_an_unmatched_detached_command_is_reported_once_and_marked_in_its_session(
@@ -226,7 +226,7 @@ def test_the_report_carries_the_lowest_trust_across_the_work_it_names(tmp_path: 
 
 
 # --------------------------------------------------------------------------
-# Markers (SPEC §6)
+# Markers (docs/design.md §6)
 
 
 def test_markers_have_exactly_the_spec_fields_and_fresh_uuid7_ids(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The trace scan (SPEC §6 "Scan"): tolerant, streaming, and exactly "decode every line".
+"""The trace scan (docs/design.md §6 "Scan"): tolerant, streaming, and exactly "decode every line".
 
-The oracle below decodes every line on its own and applies SPEC §6's rules in
+The oracle below decodes every line on its own and applies docs/design.md §6's rules in
 the plainest way; the scan must agree with it on any input, including lines
 whose names are spelt with JSON ``\\u`` escapes, so that a pre-filter that
 looks for the literal bytes ``shell_detached`` (or ``"event_type"``) fails here.
@@ -30,7 +30,7 @@ def u64_or_zero(value: Any) -> int:
 
 
 def oracle(data: bytes) -> dict[str, Any]:
-    """SPEC §6's scan, one msgspec decode per ``\\n``-separated line, no shortcuts."""
+    """docs/design.md §6's scan, one msgspec decode per ``\\n``-separated line, no shortcuts."""
     session_event_id = None
     detached: dict[str, tuple[str, str, int, str | None]] = {}
     accounted: set[str] = set()
@@ -412,3 +412,40 @@ def test_the_scan_equals_decoding_every_line(
     data = line_end.join(lines) + (line_end if final_newline and lines else b"")
 
     assert scanned(tmp_path, data) == oracle(data)
+
+
+# --------------------------------------------------------------------------
+# Lines the bad-input catalogue found the scan mishandling
+
+
+DETACHED_WITH = b'{"event_type":"shell_detached","work_id":"wrk_%s","binary":"sh"%s}'
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        b',"timestamp":1e400',
+        b',"timestamp":-1e400',
+        b',"other":1e400',
+        b',"other":[1,{"x":-1E+999}]',
+        b',"timestamp":1e-400',
+        b',"timestamp":' + b"9" * 500,
+    ],
+)
+def test_a_record_holding_a_number_no_float_can_hold_still_counts(member: bytes) -> None:
+    """Kind: a valid JSON object was skipped because one number overflowed a float."""
+    scan = scan_lines([DETACHED_WITH % (b"a", member), DETACHED_WITH % (b"b", b"")])
+    assert sorted(scan.detached) == ["wrk_a", "wrk_b"]
+    assert scan.detached["wrk_a"].work.detached_at_ms == 0
+    assert scan.skipped_lines == 0
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_a_record_nested_past_the_decoder_is_skipped_and_the_rest_counts(depth: int) -> None:
+    """Kind: a RecursionError from one line failed the whole scan (-32603 forever)."""
+    deep = b'{"event_type":"shell_completed","work_id":"wrk_a","x":%s}' % (
+        b"[" * depth + b"]" * depth
+    )
+    scan = scan_lines([DETACHED_WITH % (b"a", b""), deep, DETACHED_WITH % (b"b", b"")])
+    assert sorted(w.work.work_id for w in scan.unaccounted()) == ["wrk_a", "wrk_b"]
+    assert scan.skipped_lines == 1

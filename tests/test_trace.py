@@ -1,4 +1,4 @@
-"""The trace writer kit (SPEC §9): whole lines, the shared lock, safe opening."""
+"""The trace writer kit (docs/design.md §9): whole lines, the shared lock, safe opening."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,28 @@ def test_concurrent_writers_and_a_reconcile_never_fuse_lines(tmp_path: Path) -> 
     assert report is not None
     assert sorted(lost) == sorted(work.work_id for work in report.lost)
     assert set(lost) <= set(detached)
+
+
+def test_every_event_id_is_a_uuid7_and_later_ids_sort_after_earlier_ones(tmp_path: Path) -> None:
+    """The writer kit's events and reconcile's markers take their ids from one place."""
+    writer = TraceWriter(tmp_path, "ses_w")
+    writer.session_start()
+    writer.task_start("tsk_1", "trusted")
+    writer.shell_detached("wrk_a", "/bin/sh", "sleep 60", task_id="tsk_1")
+    writer.shell_detached("wrk_b", "/bin/sh", "sleep 90", task_id="tsk_1")
+    before_ms = time.time_ns() // 1_000_000
+    report = reconcile(tmp_path, "ses_w", "ses_r", "ctx")
+    after_ms = time.time_ns() // 1_000_000
+
+    assert report is not None
+    lines = records(tmp_path)
+    assert [line["event_type"] for line in lines][-2:] == ["shell_lost", "shell_lost"]
+    ids = [line["event_id"] for line in lines]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids), ids
+    for event_id in ids:
+        assert re.fullmatch(r"evt_[0-9a-f]{32}", event_id), event_id
+        assert uuid.UUID(hex=event_id[4:]).version == 7, event_id
+    marker_ms = [uuid.UUID(hex=event_id[4:]).int >> 80 for event_id in ids[-2:]]
+    assert all(before_ms <= ms <= after_ms for ms in marker_ms), (before_ms, marker_ms, after_ms)
+    task_id = uuid.UUID(hex=report.task_id.removeprefix("tsk_"))
+    assert task_id.version == 7

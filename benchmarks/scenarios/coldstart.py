@@ -35,7 +35,7 @@ def _cold_start(ctx: Context, trial: int, receipts: int) -> tuple[float, float, 
     """Seconds to the first ``ping`` answer and to the first complete ``ready``; ``status`` then."""
     home = ctx.home(receipts).home
     scratch = ctx.scratch(f"coldstart{trial}")
-    daemon = DaemonProcess(home, scratch / "d.sock")
+    daemon = DaemonProcess(home, scratch / "d.sock", log_level="warning")
     started = time.perf_counter()
     try:
         daemon.start(timeout_s=ctx.size(quick=30.0, full=600.0))

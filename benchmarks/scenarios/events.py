@@ -161,7 +161,7 @@ def run(ctx: Context) -> Outcome:
     floors = _Floors(scratch)
     try:
         with (
-            DaemonProcess(home, scratch / "d.sock") as daemon,
+            DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon,
             RawClient(daemon.socket_path) as client,
             OwnershipStore(store_path(home)) as store,
         ):

@@ -177,7 +177,7 @@ def run(ctx: Context) -> Outcome:
     try:
         scratch = ctx.scratch("fresh")
         with (
-            DaemonProcess(home.home, scratch / "d.sock") as daemon,
+            DaemonProcess(home.home, scratch / "d.sock", log_level="warning") as daemon,
             RawClient(daemon.socket_path) as client,
         ):
             wait_for_answer(client, LIVE, timeout_s=ctx.size(quick=30.0, full=600.0))

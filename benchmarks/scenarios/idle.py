@@ -214,7 +214,7 @@ def run(ctx: Context) -> Outcome:
         watcher_pid = watcher.start(home)
         try:
             scratch = ctx.scratch(f"idle-{label.replace(' ', '')}")
-            with DaemonProcess(home, scratch / "d.sock") as daemon:
+            with DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon:
                 with RawClient(daemon.socket_path) as client:
                     wait_for_answer(client, live, timeout_s=ctx.size(quick=30.0, full=600.0))
                 exit_watch = str(_status(daemon).get("exit_watch"))

@@ -152,7 +152,7 @@ def run(ctx: Context) -> Outcome:
     gone: dict[Mode, list[float]] = {"polling": [], "long poll": []}
     number = 0
     with (
-        DaemonProcess(home, scratch / "d.sock") as daemon,
+        DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon,
         RawClient(daemon.socket_path) as client,
         OwnershipStore(store_path(home)) as store,
     ):

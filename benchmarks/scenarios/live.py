@@ -123,7 +123,9 @@ def run(ctx: Context) -> Outcome:
     receipt: list[float] = []
     exits: list[float] = []
     with (
-        DaemonProcess(home, scratch / "d.sock", ["--sample-interval", "60"]) as daemon,
+        DaemonProcess(
+            home, scratch / "d.sock", ["--sample-interval", "60"], log_level="warning"
+        ) as daemon,
         RawClient(daemon.socket_path) as client,
         OwnershipStore(store_path(home)) as store,
     ):

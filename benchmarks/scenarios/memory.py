@@ -50,7 +50,7 @@ def _measure(ctx: Context, home: Path, receipts: int, name: str) -> _Memory:
     """Memory and idle CPU once the daemon's answer lists every receipt."""
     scratch = ctx.scratch(name)
     with (
-        DaemonProcess(home, scratch / "d.sock") as daemon,
+        DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
         snapshot = wait_for_answer(client, receipts, timeout_s=ctx.size(quick=30.0, full=600.0))

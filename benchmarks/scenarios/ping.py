@@ -108,7 +108,7 @@ def run(ctx: Context) -> Outcome:
     verdicts: list[Verdict] = []
     try:
         wait_for_socket(echo_socket, echo, timeout_s=10.0, ping=False)
-        with DaemonProcess(scratch / "home", scratch / "d.sock") as daemon:
+        with DaemonProcess(scratch / "home", scratch / "d.sock", log_level="warning") as daemon:
             for clients in CONCURRENCY:
                 daemon_runs: list[_Run] = []
                 echo_runs: list[_Run] = []

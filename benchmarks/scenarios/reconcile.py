@@ -139,7 +139,7 @@ def run(ctx: Context) -> Outcome:
     appended: list[int] = []
     matches = 0
     with (
-        DaemonProcess(home, scratch / "d.sock") as daemon,
+        DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
         for trial in range(trials):

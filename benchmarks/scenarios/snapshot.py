@@ -78,7 +78,7 @@ def wait_for_answer(client: RawClient, receipts: int, timeout_s: float) -> dict[
 def _measure_daemon(ctx: Context, home: GeneratedHome, requests: int) -> tuple[Summary, bytes, str]:
     scratch = ctx.scratch(f"snapshot{home.live}s{home.stale}")
     with (
-        DaemonProcess(home.home, scratch / "d.sock") as daemon,
+        DaemonProcess(home.home, scratch / "d.sock", log_level="warning") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
         first = wait_for_answer(client, home.live, timeout_s=ctx.size(quick=30.0, full=600.0))

@@ -62,7 +62,7 @@ def _measure(ctx: Context, live: int, stale: int, interval_s: float) -> list[str
     scratch = ctx.scratch(f"verify{live}s{stale}")
     window_s = ctx.size(quick=1.0, full=8.0)
     args = ["--verify-interval", f"{interval_s:g}"]
-    with DaemonProcess(home.home, scratch / "d.sock", args) as daemon:
+    with DaemonProcess(home.home, scratch / "d.sock", args, log_level="warning") as daemon:
         with RawClient(daemon.socket_path) as client:
             wait_for_answer(client, live, timeout_s=ctx.size(quick=30.0, full=600.0))
         # The window starts and ends just after a run: whole runs only.

@@ -32,7 +32,8 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from capsule_client.paths import make_private_dirs
+from . import _proc
+from .paths import make_private_dirs
 
 __all__ = [
     "EXEC_RECEIPT_TOLERANCE_S",
@@ -48,9 +49,7 @@ __all__ = [
     "decode_servers_registry",
     "exec_receipt_path",
     "is_valid_input_id",
-    "linux_boot_time",
     "make_private_dirs",
-    "parse_linux_stat",
     "process_start_time",
     "provider_client_receipt_path",
     "write_exec_receipt",
@@ -354,13 +353,15 @@ def process_start_time(pid: int) -> float:
     """The start time of process ``pid``, Unix seconds.
 
     Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
-    boot time from ``/proc/stat`` — the same arithmetic as psutil's
-    ``create_time()``, which the daemon's process sample matches. macOS:
-    ``sysctl(KERN_PROC_PID)``'s ``p_starttime``.
+    boot time from ``/proc/stat``, read by :mod:`capsule_client._proc`, the
+    parser the daemon's process sample uses too — the same arithmetic as
+    psutil's ``create_time()``. macOS: ``sysctl(KERN_PROC_PID)``'s
+    ``p_starttime``.
 
     Raises:
         ProcessLookupError: no process ``pid``.
         OSError: the platform is neither Linux nor macOS, or the OS refused.
+        ValueError: ``/proc/<pid>/stat`` could not be parsed.
     """
     if sys.platform.startswith("linux"):
         return _linux_start_time(pid)
@@ -369,33 +370,9 @@ def process_start_time(pid: int) -> float:
     raise OSError(f"reading a process start time is not supported on {sys.platform}")
 
 
-def linux_boot_time() -> int:
-    """``btime`` from ``/proc/stat``: the boot time, whole Unix seconds."""
-    with open("/proc/stat", "rb") as file:
-        for line in file:
-            if line.startswith(b"btime "):
-                return int(line.split()[1])
-    raise OSError("/proc/stat has no btime line")
-
-
-def parse_linux_stat(data: bytes, boot_time_s: int, ticks_per_s: int) -> tuple[str, float]:
-    """``(state, start time in Unix seconds)`` from a ``/proc/<pid>/stat`` line.
-
-    The command name (field 2) is in parentheses and may itself contain
-    ``)``, so fields are counted from the last ``)``.
-    """
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), boot_time_s + int(fields[19]) / ticks_per_s
-
-
 def _linux_start_time(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read()
-    except FileNotFoundError:
-        raise ProcessLookupError(pid, f"no process {pid}") from None
-    _state, start = parse_linux_stat(data, linux_boot_time(), os.sysconf("SC_CLK_TCK"))
-    return start
+    stat = _proc.read_stat(pid)
+    return _proc.start_time_s(stat.start_ticks, _proc.boot_time_s(), _proc.ticks_per_s())
 
 
 class _Timeval(ctypes.Structure):

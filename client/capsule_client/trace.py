@@ -17,8 +17,9 @@ hold across processes.
 The session directory (created ``0700``) and the trace (created ``0600``) are
 opened relative to the records root without following symlinks.
 
-Event ids here are ``evt_`` + 32 hex digits of a random UUID (stdlib only);
-timestamps are Unix milliseconds.
+Event ids are ``evt_`` + 32 hex digits of a UUIDv7 (:func:`new_event_id`), for
+the events runtimes write and the markers reconcile writes alike, so ids sort
+by the time they were made; timestamps are Unix milliseconds.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ import fcntl
 import os
 import stat
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Literal
 
 import msgspec
+import uuid_utils
 from msgspec import UNSET, Struct, UnsetType
 
 from capsule_client.paths import make_private_dirs
@@ -57,6 +58,7 @@ __all__ = [
     "is_session_directory_name",
     "lock_trace",
     "new_event_id",
+    "new_task_id",
     "now_ms",
 ]
 
@@ -164,8 +166,18 @@ def encode_line(event: TraceEvent) -> bytes:
 
 
 def new_event_id() -> str:
-    """``evt_`` + 32 lowercase hex digits of a random UUID."""
-    return f"evt_{uuid.uuid4().hex}"
+    """``evt_`` + 32 lowercase hex digits of a UUIDv7 (docs/design.md §6).
+
+    Every event the project writes takes its id from here. UUIDv7 begins with
+    the Unix time in milliseconds and the ids one process makes strictly
+    increase, so a later id sorts after an earlier one.
+    """
+    return f"evt_{uuid_utils.uuid7().hex}"
+
+
+def new_task_id() -> str:
+    """``tsk_`` + 32 lowercase hex digits of a UUIDv7 (docs/design.md §6)."""
+    return f"tsk_{uuid_utils.uuid7().hex}"
 
 
 def now_ms() -> int:

@@ -44,8 +44,8 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
+from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, start_time_s, ticks_per_s
 from capsule_client.protocol import ExitWatchMode
-from capsule_client.receipts import linux_boot_time, parse_linux_stat
 
 __all__ = ["DEFAULT_MAX_PIDFDS", "RECHECK_TOLERANCE_S", "ExitWatch", "pidfds_supported"]
 
@@ -76,12 +76,13 @@ def pidfds_supported() -> bool:
 def _start_time(pid: int) -> float | None:
     """The start time of ``pid`` (Unix seconds) from ``/proc``; None if it is gone or a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as file:
-            data = file.read()
-        state, start = parse_linux_stat(data, linux_boot_time(), os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
+        stat = read_stat(pid)
+        boot_s = boot_time_s()
+    except (OSError, ValueError):
         return None
-    return None if state in ("Z", "X", "x") else start
+    if stat.state in NOT_LIVE_STATES:
+        return None
+    return start_time_s(stat.start_ticks, boot_s, ticks_per_s())
 
 
 @dataclass(eq=False, slots=True)

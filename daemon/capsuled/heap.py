@@ -1,7 +1,7 @@
 """Giving freed memory back to the OS under glibc, so the daemon's RSS follows what it keeps.
 
 Two habits of glibc's allocator make the daemon's resident size much larger
-than what it keeps (measured at 100,000 retained receipts):
+than what it keeps:
 
 * a walk from scratch frees about as much as the cache keeps (decoded
   receipts, ``stat`` results, directory listings), in the worker thread's
@@ -14,10 +14,7 @@ than what it keeps (measured at 100,000 retained receipts):
   freed: :func:`keep_large_buffers_mapped_apart` pins the threshold at
   128 KiB, so each large buffer is unmapped when freed.
 
-Together they took the daemon's RSS per retained receipt from 1.58 KiB to
-1.14 KiB (empty-home RSS subtracted, 100,000 receipts, every one listed);
-sending replies from the encoded snapshot and sharing the numbers of
-receipts that name one process took it to 0.9 KiB (docs/benchmarks.md).
+What they save is in docs/benchmark-profiles.md ("Figures behind the code").
 Elsewhere (macOS, musl) both do nothing.
 """
 

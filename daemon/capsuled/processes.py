@@ -4,14 +4,14 @@ One sample per observation decides liveness for every receipt in it. A
 sample maps pid → start time (Unix seconds, float); zombies are left out
 because a zombie is not live.
 
-On Linux the sample reads ``/proc/<pid>/stat`` directly: measured with 73
-processes, 0.9-1.4 ms against 7.8-8.1 ms for
-``psutil.process_iter(["pid", "create_time", "status"])`` after
-``process_iter.cache_clear()``, with identical start times (both compute
-``btime + starttime / CLK_TCK``). Elsewhere psutil is used, with its
-per-pid cache cleared first: ``process_iter`` keeps ``Process`` objects by
-pid, and after a pid is reused it returned the old process's
-``create_time`` (seen on this project).
+On Linux the sample reads ``/proc/<pid>/stat`` directly, one ``open`` and
+one ``read`` per pid, parsed by :mod:`capsule_client._proc`: several times
+faster than ``psutil.process_iter`` (docs/benchmark-profiles.md, "Figures
+behind the code"), with
+identical start times (both compute ``btime + starttime / CLK_TCK``).
+Elsewhere psutil is used, with its per-pid cache cleared first:
+``process_iter`` keeps ``Process`` objects by pid, and after a pid is reused
+it returned the old process's ``create_time`` (seen on this project).
 """
 
 from __future__ import annotations
@@ -24,15 +24,12 @@ from typing import TypeAlias
 
 import psutil
 
-from capsule_client.receipts import linux_boot_time, parse_linux_stat
+from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, ticks_per_s
 
 __all__ = ["ProcessSample", "UsageMeter", "matches_start", "sample_processes"]
 
 #: pid → start time, Unix seconds.
 ProcessSample: TypeAlias = Mapping[int, float]
-
-#: ``/proc/<pid>/stat`` states that are not live: zombie, dead.
-_NOT_LIVE_STATES = frozenset({"Z", "X", "x"})
 
 
 def matches_start(sample: ProcessSample, pid: int, started_at_s: float, tolerance_s: float) -> bool:
@@ -47,28 +44,20 @@ def matches_start(sample: ProcessSample, pid: int, started_at_s: float, toleranc
 
 
 def _sample_proc() -> dict[int, float]:
-    boot_time_s = linux_boot_time()
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    boot_s = boot_time_s()
+    ticks = ticks_per_s()
     sample: dict[int, float] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        pid = int(name)
         try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # exited since the listing, or hidden from us
+            stat = read_stat(pid)
+        except (OSError, ValueError):  # exited since the listing, hidden from us, or torn
             continue
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        try:
-            state, start = parse_linux_stat(data, boot_time_s, ticks_per_s)
-        except (ValueError, IndexError):
-            continue
-        if state not in _NOT_LIVE_STATES:
-            sample[int(name)] = start
+        if stat.state not in NOT_LIVE_STATES:
+            # start_time_s(), inlined: this line runs once per process per sample.
+            sample[pid] = boot_s + stat.start_ticks / ticks
     return sample
 
 

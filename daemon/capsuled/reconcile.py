@@ -27,12 +27,11 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
-import uuid_utils
 
+from capsule_client._render import detach_time
 from capsule_client.protocol import LostReport, LostWork, Provenance
 from capsule_client.trace import (
     DEFAULT_LOCK_TIMEOUT_S,
@@ -44,6 +43,8 @@ from capsule_client.trace import (
     encode_line,
     is_session_directory_name,
     lock_trace,
+    new_event_id,
+    new_task_id,
     now_ms,
 )
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, ShuttingDown, UnsafePath
@@ -52,7 +53,6 @@ __all__ = [
     "DetachedWork",
     "TraceScan",
     "lost_message",
-    "new_task_id",
     "reconcile",
     "scan_lines",
     "scan_trace",
@@ -61,7 +61,7 @@ __all__ = [
 #: Read buffer for the scan; memory is bounded by this plus the longest line.
 _READ_BUFFER_BYTES: Final = 1 << 20
 
-#: JSON numbers above this are not a ``u64`` in the seed and count as absent.
+#: JSON numbers above this are not a ``u64`` in the original reconcile and count as absent.
 _U64_LIMIT: Final = 1 << 64
 
 #: Every JSON object is a record, also one holding a number no float can hold
@@ -129,16 +129,19 @@ class TraceScan:
 
 
 # One handler per event type that matters; a member of the wrong type counts
-# as absent, as in the seed (``as_str()`` / ``as_u64()`` with defaults).
+# as absent, as in the original reconcile (``as_str()`` / ``as_u64()`` with defaults).
 
 
 def _string(value: Any) -> str:
-    """A member as the seed's ``as_str().unwrap_or_default()``."""
+    """A member as the original reconcile's ``as_str().unwrap_or_default()``."""
     return value if type(value) is str else ""
 
 
 def _u64(value: Any) -> int:
-    """A member as the seed's ``as_u64().unwrap_or_default()``: an int in [0, 2**64), else 0."""
+    """A member as the original reconcile's ``as_u64().unwrap_or_default()``.
+
+    An int in [0, 2**64), else 0.
+    """
     return value if type(value) is int and 0 <= value < _U64_LIMIT else 0
 
 
@@ -291,26 +294,9 @@ def scan_trace(path: str | os.PathLike[str], *, this_session: str | None = None)
 # Report
 
 
-def new_task_id() -> str:
-    """``tsk_`` + 32 lowercase hex digits of a UUIDv7 (docs/design.md §6)."""
-    return f"tsk_{uuid_utils.uuid7().hex}"
-
-
-def _new_event_id() -> str:
-    return f"evt_{uuid_utils.uuid7().hex}"
-
-
-def _detach_time(detached_at_ms: int) -> str:
-    if detached_at_ms == 0:
-        return "at 0 ms since the Unix epoch (detach time not recorded)"
-    try:
-        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
-    except (OverflowError, ValueError, OSError):
-        return f"at {detached_at_ms} ms since the Unix epoch"
-    return (
-        f"at {detached_at_ms} ms since the Unix epoch "
-        f"({when.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
-    )
+def _detached(detached_at_ms: int) -> str:
+    """When a work was detached, in milliseconds and as :func:`detach_time` shows it."""
+    return f"at {detached_at_ms} ms since the Unix epoch ({detach_time(detached_at_ms)})"
 
 
 #: Line breaks that JSON may leave unescaped (msgspec does) but ``str.splitlines``
@@ -351,7 +337,7 @@ def lost_message(started_in_session: str, lost: Sequence[LostWork]) -> str:
     )
     items = [
         f"- {_named(work.work_id)}: binary {_quoted(work.binary)}, "
-        f"command {_quoted(work.command)}, detached {_detach_time(work.detached_at_ms)}"
+        f"command {_quoted(work.command)}, detached {_detached(work.detached_at_ms)}"
         for work in lost
     ]
     return "\n".join([head, *items])
@@ -463,7 +449,7 @@ def _markers(
     return b"".join(
         encode_line(
             ShellLost(
-                event_id=_new_event_id(),
+                event_id=new_event_id(),
                 session_id=from_session,
                 timestamp=timestamp,
                 parent_id=scan.session_event_id,
@@ -512,8 +498,8 @@ def reconcile(
         The report, or ``None`` when nothing is lost (and nothing was written).
 
     Raises:
-        InvalidParams: ``from_session`` is not a session directory name (seed
-            000's rule), or ``this_session`` is empty; nothing is read.
+        InvalidParams: ``from_session`` is not a session directory name (the
+            original reconcile's rule), or ``this_session`` is empty; nothing is read.
         NoSuchTrace: the records root, the session directory or its trace
             does not exist.
         UnsafePath: the session directory or the trace is a symlink or not a

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hardening import FULL, FULL_TIMEOUT_S, record, size
+from reliability_support import FULL, FULL_TIMEOUT_S, record, size
 from support import DaemonProcess, short_tmpdir
 
 pytestmark = pytest.mark.timeout(FULL_TIMEOUT_S if FULL else 60)
@@ -163,7 +163,7 @@ def catalogue_daemon() -> Iterator[DaemonProcess]:
 
 
 def reconcile(daemon: DaemonProcess, from_session: str, this_session: str) -> dict[str, Any]:
-    from hardening import exchange
+    from reliability_support import exchange
 
     payload = json.dumps(
         {

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hardening import FULL, FULL_TIMEOUT_S, Prefixed, record, size
+from reliability_support import FULL, FULL_TIMEOUT_S, Prefixed, record, size
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client

@@ -26,9 +26,9 @@ from typing import Any
 import msgspec
 import pytest
 import rpc_model
-from hardening import FULL, FULL_TIMEOUT_S, exchange, record, served_models, size
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reliability_support import FULL, FULL_TIMEOUT_S, exchange, record, served_models, size
 from support import DaemonProcess, raw_exchange, short_tmpdir
 
 from capsule_client.protocol import METHOD_PARAMS

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from hardening import (
+from reliability_support import (
     FULL,
     FULL_TIMEOUT_S,
     Prefixed,

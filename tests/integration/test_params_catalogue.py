@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import rpc_model
-from hardening import exchange, served_models
+from reliability_support import exchange, served_models
 from support import DaemonProcess, short_tmpdir
 
 from capsule_client.protocol import METHOD_PARAMS

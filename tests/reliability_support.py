@@ -1,6 +1,6 @@
-"""Shared by the hardening tests: sizes, figures, descriptor limits, raw exchanges.
+"""Shared by the reliability tests: sizes, figures, descriptor limits, raw exchanges.
 
-Each hardening test runs at a small size in CI and at its full size when
+Each reliability test runs at a small size in CI and at its full size when
 ``CAPSULED_HARDENING_FULL=1``. When ``CAPSULED_RELIABILITY_OUT`` names a
 directory, tests write what they measured there as one JSON file per figure;
 ``tests/reliability.py`` runs the full suite that way and renders

@@ -1,0 +1,110 @@
+"""Linux ``/proc``: the one parser of ``/proc/<pid>/stat``, the boot time, ticks to Unix seconds.
+
+``/proc/<pid>/stat`` is one line; field 2 is the command name in parentheses,
+which may itself hold spaces and ``)``, so the fields after it are counted
+from the last ``)`` (proc(5)). The fields read here: 3 ``state``, 4 ``ppid``,
+6 ``session`` (the session id), 22 ``starttime`` (clock ticks since boot).
+
+A start time in Unix seconds is ``btime + starttime / CLK_TCK``, ``btime``
+being the boot time from ``/proc/stat``: the same arithmetic as psutil's
+``create_time()``, so the daemon's sample, the pidfd re-check and the receipt
+writer agree to the bit (docs/design.md §3 liveness).
+
+Receipt writers, the daemon's process sample and its exit watch all read the
+stat line through here. Off Linux there is no ``/proc``; callers use psutil or
+``sysctl`` instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Final, NamedTuple
+
+__all__ = [
+    "NOT_LIVE_STATES",
+    "ProcStat",
+    "boot_time_s",
+    "parse_stat",
+    "read_stat",
+    "start_time_s",
+    "ticks_per_s",
+]
+
+#: ``state`` letters of a process that is not live: zombie, dead (``X``, and ``x`` of old kernels).
+NOT_LIVE_STATES: Final = frozenset({"Z", "X", "x"})
+
+#: Fields after the command name up to ``starttime``: ``starttime`` is the 20th of them.
+_START_INDEX: Final = 19
+
+
+class ProcStat(NamedTuple):
+    """The fields of a ``/proc/<pid>/stat`` line the project reads."""
+
+    #: One letter: ``R`` running, ``S`` sleeping, ``Z`` zombie, ... (proc(5)).
+    state: str
+    #: The parent's pid (0 for pid 1 and kernel threads' parent).
+    ppid: int
+    #: The session id (field 6): the pid of the session leader.
+    session_id: int
+    #: When the process started, clock ticks since boot (field 22).
+    start_ticks: int
+
+
+def parse_stat(data: bytes) -> ProcStat:
+    """The fields of a ``/proc/<pid>/stat`` line.
+
+    Raises:
+        ValueError: ``data`` is not a stat line (no ``)``, a field not a number,
+            or too few fields).
+    """
+    fields = data[data.rindex(b")") + 2 :].split(None, _START_INDEX + 1)
+    if len(fields) <= _START_INDEX:
+        raise ValueError(f"a /proc stat line has more fields than {len(fields)} after the name")
+    return ProcStat(fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[_START_INDEX]))
+
+
+def read_stat(pid: int) -> ProcStat:
+    """:func:`parse_stat` of ``/proc/<pid>/stat``, read with one ``read``.
+
+    Raises:
+        ProcessLookupError: no process ``pid`` (or no ``/proc``).
+        OSError: the file could not be read.
+        ValueError: what was read is not a stat line.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ProcessLookupError(pid, f"no process {pid}") from None
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return parse_stat(data)
+
+
+def boot_time_s() -> int:
+    """``btime`` from ``/proc/stat``: the boot time, whole Unix seconds.
+
+    Read afresh on every call: the kernel derives it from the wall clock, so
+    it moves when the clock is stepped.
+
+    Raises:
+        OSError: ``/proc/stat`` could not be read or has no ``btime`` line.
+    """
+    with open("/proc/stat", "rb") as file:
+        for line in file:
+            if line.startswith(b"btime "):
+                return int(line.split()[1])
+    raise OSError("/proc/stat has no btime line")
+
+
+@functools.cache
+def ticks_per_s() -> int:
+    """``CLK_TCK``: the clock ticks a second that ``starttime`` counts (100 on Linux)."""
+    return os.sysconf("SC_CLK_TCK")
+
+
+def start_time_s(start_ticks: int, boot_s: int, ticks: int) -> float:
+    """A ``starttime`` as Unix seconds: ``boot_s + start_ticks / ticks``."""
+    return boot_s + start_ticks / ticks

@@ -1,0 +1,388 @@
+"""What ``capsulectl`` prints: the tables for people (status, sessions, top, reconcile, watch).
+
+Every string that comes from a receipt or a trace goes through :func:`inert`
+or :func:`one_line` first, so it prints as one line that cannot act on the
+terminal. The layouts are for people and may change (docs/design.md §9);
+``--json`` is the stable output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Final, TextIO
+
+import msgspec
+
+from .protocol import (
+    ActiveSessionsSnapshot,
+    LostReport,
+    Session,
+    SessionProcess,
+    SessionsChanged,
+    StatusResult,
+)
+
+__all__ = [
+    "JSON_ENCODER",
+    "ChangePrinter",
+    "detach_time",
+    "duration",
+    "inert",
+    "one_line",
+    "print_json",
+    "quiet_stdout",
+    "render_reconcile",
+    "render_sessions",
+    "render_status",
+    "render_top",
+]
+
+#: The encoder for ``--json`` output the client built itself (``top``, ``watch``).
+JSON_ENCODER: Final = msgspec.json.Encoder()
+
+
+def render_status(status: StatusResult) -> str:
+    """``status`` as aligned ``key: value`` lines for people."""
+    if status.discovery is None:
+        discovery = "no observation yet"
+    else:
+        age = "" if status.last_observed_at is None else _age(status.last_observed_at)
+        discovery = f"{status.discovery}" + (f" (observed {age} ago)" if age else "")
+    totals = status.totals
+    rows = [
+        ("daemon", f"capsuled {status.version}, pid {status.pid}, up {duration(status.uptime_s)}"),
+        ("home", status.home),
+        ("socket", status.socket),
+        ("watcher", _watch_line(status)),
+        ("verification", _verification_line(status)),
+        ("discovery", discovery),
+        (
+            "clients",
+            f"{status.clients}, {status.subscriptions} subscriptions, "
+            f"{status.long_polls} long polls waiting",
+        ),
+        (
+            "exits",
+            f"pidfd events ({status.pidfds} held)"
+            if status.exit_watch == "pidfd"
+            else "noticed by sampling",
+        ),
+        (
+            "totals",
+            f"{totals.requests} requests, {totals.errors} errors, "
+            f"{totals.observations} observations, {totals.rescans} rescans, "
+            f"{totals.readers_restarted} reader restarts",
+        ),
+    ]
+    if status.last_cost is not None:
+        cost = status.last_cost
+        rows.append(
+            (
+                "last cost",
+                f"{cost.directories} dirs, {cost.receipts} receipts, {cost.bytes} bytes, "
+                f"{cost.process_samples} samples, {cost.rescans} rescans, "
+                f"{cost.retained} retained, {cost.dirty_paths} dirty",
+            )
+        )
+    rows.extend(("note", note) for note in status.notes)
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key + ':':<{width + 1}} {value}" for key, value in rows)
+
+
+def _watch_line(status: StatusResult) -> str:
+    watch = status.watch
+    if watch is None:  # an older daemon
+        return status.watcher
+    if watch.mode == "off":
+        return "off (every observation walks the home)"
+    line = f"{watch.mode} ({watch.backend}), {_directories(watch.watched_directories)} watched"
+    if watch.polled_directories:
+        line += f", {_directories(watch.polled_directories)} polled"
+    if watch.overflows:
+        line += f", {watch.overflows} overflows"
+    return line
+
+
+def _directories(count: int) -> str:
+    return f"{count} director{'y' if count == 1 else 'ies'}"
+
+
+def _verification_line(status: StatusResult) -> str:
+    verification = status.verification
+    if verification is None or verification.interval_s is None or status.watcher == "off":
+        return "off"
+    line = f"every {verification.interval_s:g} s, {verification.runs} runs"
+    line += f", {verification.changes_found} changes the watch missed"
+    if verification.last_at is not None:
+        line += f" (last {_age(verification.last_at)} ago: {verification.last_checked} checked)"
+    return line
+
+
+def render_reconcile(from_session: str, report: LostReport | None) -> str:
+    """A ``session.reconcile`` result for people: a heading and one row per lost work."""
+    if report is None:
+        return (
+            f"Nothing to report: session {from_session} has no background command left "
+            "unaccounted (every detached command completed, was abandoned, or was already "
+            "reported lost)."
+        )
+    count = len(report.lost)
+    heading = (
+        f"Session {report.started_in_session} left {count} background "
+        f"command{'' if count == 1 else 's'} unaccounted; now marked lost in its trace.\n"
+        f"task {report.task_id}, trust {report.provenance.trust}, context {report.context_id}"
+    )
+    rows = [("WORK", "DETACHED", "BINARY", "COMMAND")]
+    rows.extend(
+        (
+            one_line(work.work_id),
+            detach_time(work.detached_at_ms),
+            one_line(work.binary),
+            one_line(work.command),
+        )
+        for work in report.lost
+    )
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    table = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+        + "  "
+        + row[3]
+        for row in rows
+    ]
+    return "\n".join([heading, "", *table])
+
+
+def detach_time(detached_at_ms: int) -> str:
+    """A work's ``detached_at_ms`` for people: ISO 8601 in UTC to the millisecond.
+
+    ``"2025-11-29T07:06:40.123Z"``; ``"not recorded"`` for 0 (the trace's
+    default when the member is absent, docs/design.md §6); ``"not a calendar
+    date"`` for milliseconds past what a date can show. Both the reconcile
+    report's text and ``capsulectl reconcile`` use it.
+    """
+    if detached_at_ms == 0:
+        return "not recorded"
+    try:
+        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return "not a calendar date"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: Characters a terminal would act on (C0, DEL, C1), Unicode line and
+#: paragraph separators, and the bidi marks, embeddings, overrides and
+#: isolates (U+200E-200F, U+202A-202E, U+2066-2069), which rearrange how the
+#: rest of a line reads on screen.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return _NAMED_ESCAPES.get(match[0], f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
+
+
+def inert(text: str) -> str:
+    """``text`` with control characters (and bidi and line-separator ones) spelt as
+    escapes, so it is one inert line.
+
+    Commands, binaries and file names come from receipts and traces, which a
+    model's output can reach; printed raw, an escape sequence would act on
+    the reader's terminal and a newline would break the table.
+    """
+    return _CONTROL.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """:func:`inert`, with backslashes doubled so that every escape is unambiguous."""
+    return inert(text.replace("\\", "\\\\"))
+
+
+def _age(unix_s: float) -> str:
+    return duration(max(time.time() - unix_s, 0.0))
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
+
+
+def _what(process: SessionProcess) -> str:
+    """What a process is, for people: its command, or its provider and input."""
+    if isinstance(process.command, str):
+        return process.command
+    if isinstance(process.provider, str):
+        return process.provider + (
+            f" ({process.input_id})" if isinstance(process.input_id, str) else ""
+        )
+    for value in (process.input_id, process.exec_id, process.receipt):
+        if isinstance(value, str):
+            return value
+    return "registered process"
+
+
+def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
+    """A snapshot as a table for people: sessions and their processes, then the rest.
+
+    Columns: session, kind, pid, age (since the process started), and what
+    it runs (the command, or the provider and input). Then the unowned count,
+    the servers, the discovery state and every gap.
+    """
+    now = time.time() if now_s is None else now_s
+    rows: list[tuple[str, ...]] = [("SESSION", "KIND", "PID", "AGE", "COMMAND / PROVIDER")]
+    for session in snapshot.sessions:
+        name = one_line(session.session_id)
+        if session.context_id:
+            name += f" [{one_line(session.context_id)}]"
+        for process in session.processes:
+            age = duration(max(now - process.started_at, 0.0))
+            rows.append((name, process.kind, str(process.pid), age, one_line(_what(process))))
+            name = ""
+    lines = []
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            lines.append("  ".join([*cells, row[4]]).rstrip())
+    else:
+        lines.append("no active sessions")
+    lines.append("")
+    unowned = len(snapshot.unowned)
+    lines.append(f"unowned:   {unowned} live receipt{'s' if unowned != 1 else ''} nobody owns")
+    for server in snapshot.servers:
+        url = f" {inert(server.url)}" if isinstance(server.url, str) else ""
+        lines.append(f"server:    pid {server.pid}{url}")
+    lines.append(
+        f"discovery: {snapshot.discovery} (generation {snapshot.generation}, "
+        f"observed {duration(max(now - snapshot.observed_at, 0.0))} ago)"
+    )
+    lines.extend(f"gap:       {inert(gap)}" for gap in snapshot.gaps)
+    return "\n".join(lines)
+
+
+class ChangePrinter:
+    """``sessions.changed`` notifications as text: one JSON document per line
+    (``--json``), or a few lines for people per change."""
+
+    def __init__(self, *, json_lines: bool = False) -> None:
+        self.json_lines = json_lines
+        self._gaps: list[str] = []
+        self._unowned = 0
+        self._discovery = ""
+
+    def render(self, change: SessionsChanged, *, now_s: float | None = None) -> str:
+        """The text for one change, ending with a newline."""
+        if self.json_lines:
+            return JSON_ENCODER.encode(change).decode() + "\n"
+        clock = datetime.fromtimestamp(time.time() if now_s is None else now_s).strftime("%H:%M:%S")
+        if change.full:
+            count = len(change.added)
+            head = (
+                f"{clock} generation {change.generation}: {count} active "
+                f"session{'' if count == 1 else 's'}, discovery {change.discovery}"
+            )
+        else:
+            head = f"{clock} generation {change.generation}"
+        lines = [head]
+        lines.extend(f"  + {_session_line(session)}" for session in change.added)
+        lines.extend(f"  ~ {_session_line(session)}" for session in change.changed)
+        lines.extend(f"  - {one_line(session_id)}" for session_id in change.removed)
+        if change.discovery != self._discovery and not change.full:
+            lines.append(f"  discovery {change.discovery}")
+        if len(change.unowned) != self._unowned or change.full:
+            lines.append(f"  unowned: {len(change.unowned)} live receipts nobody owns")
+        if change.gaps != self._gaps:
+            lines.extend(f"  gap: {one_line(gap)}" for gap in change.gaps)
+            if not change.gaps:
+                lines.append("  no gaps")
+        self._gaps, self._unowned = change.gaps, len(change.unowned)
+        self._discovery = change.discovery
+        return "\n".join(lines) + "\n"
+
+
+def _session_line(session: Session) -> str:
+    name = one_line(session.session_id)
+    if session.context_id:
+        name += f" [{one_line(session.context_id)}]"
+    processes = ", ".join(
+        f"{process.kind} {process.pid} ({one_line(_what(process))})"
+        for process in session.processes
+    )
+    return f"{name}: {processes}"
+
+
+def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
+    """A snapshot measured with ``usage: true`` as a table: one row per process."""
+    now = time.time() if now_s is None else now_s
+    processes = sum(len(session.processes) for session in snapshot.sessions)
+    clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
+    head = (
+        f"capsuled top - {clock} - {len(snapshot.sessions)} sessions, {processes} processes, "
+        f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
+        f"generation {snapshot.generation}"
+    )
+    rows: list[tuple[str, ...]] = [("SESSION", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND")]
+    listed = [(one_line(s.session_id), s.processes) for s in snapshot.sessions]
+    if snapshot.unowned:
+        listed.append(("(unowned)", snapshot.unowned))
+    for name, members in listed:
+        for process in members:
+            cpu = process.cpu_percent
+            rss = process.rss_bytes
+            rows.append(
+                (
+                    name,
+                    str(process.pid),
+                    process.kind,
+                    "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
+                    "-" if isinstance(rss, msgspec.UnsetType) else _bytes(rss),
+                    duration(max(now - process.started_at, 0.0)),
+                    one_line(_what(process)),
+                )
+            )
+            name = ""
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    right = {1, 3, 4, 5}
+    lines = [head, ""]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        lines.append("  ".join([*cells, row[6]]).rstrip())
+    if len(rows) == 1:
+        lines.append("no active sessions")
+    lines.extend(f"gap: {one_line(gap)}" for gap in snapshot.gaps)
+    return "\n".join(lines)
+
+
+def _bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def print_json(out: TextIO, raw: bytes) -> None:
+    """A result as the daemon sent it (``--json``): one JSON document and a newline."""
+    out.write(raw.decode())
+    out.write("\n")
+
+
+def quiet_stdout(out: TextIO) -> None:
+    """After EPIPE on stdout, point it at /dev/null so the exit flush stays quiet."""
+    if out is sys.stdout:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
