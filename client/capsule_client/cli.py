@@ -541,6 +541,14 @@ def _bytes(size: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        _print_json(out, client.call_raw("metrics"))
+        return EXIT_OK
+    out.write(client.metrics().text)
+    return EXIT_OK
+
+
 def _print_json(out: TextIO, raw: bytes) -> None:
     out.write(raw.decode())
     out.write("\n")
@@ -551,6 +559,7 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "status": (_status, "the daemon's state, watcher, last observation and counters"),
     "sessions": (_sessions, "active sessions with their live processes, unowned count and gaps"),
     "rescan": (_rescan, "make the next observation walk the home from scratch"),
+    "metrics": (_metrics, "the daemon's metrics in the OpenMetrics text format, as they came"),
     "watch": (
         _watch,
         "print changes of the active sessions as they happen, until interrupted "

@@ -25,6 +25,7 @@ from capsule_client.paths import records_root
 from capsule_client.protocol import (
     METHOD_PARAMS,
     LostReport,
+    MetricsResult,
     NoParams,
     PingResult,
     ReconcileParams,
@@ -40,6 +41,7 @@ from capsule_client.protocol import (
 from . import __version__
 from .errors import InternalError
 from .jsonrpc import Encoded, Handler, ImmediateHandler, Method
+from .metrics import count_reconcile, exposition
 from .reconcile import reconcile
 from .server import Connection, current_connection
 
@@ -78,6 +80,7 @@ class Api:
             "session.reconcile": self.session_reconcile,
             "sessions.subscribe": self.sessions_subscribe,
             "sessions.unsubscribe": self.sessions_unsubscribe,
+            "metrics": self.metrics,
         }
         return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}
 
@@ -111,6 +114,10 @@ class Api:
             if daemon.watcher_mode != "off"
             else msgspec.structs.replace(daemon.sessions.verification, interval_s=None),
         )
+
+    def metrics(self, params: NoParams) -> MetricsResult:
+        """``metrics``: the OpenMetrics exposition (docs/design.md §7; immediate)."""
+        return MetricsResult(text=exposition(self.daemon.metrics))
 
     async def sessions_snapshot(self, params: SnapshotParams) -> Encoded:
         """``sessions.snapshot``: active sessions and their processes (docs/design.md §5, §7).
@@ -203,6 +210,7 @@ class Api:
                 cause=repr(exc.__cause__),
             )
             raise
+        count_reconcile(self.daemon.totals, report)
         if report is not None:
             log.info(
                 "reconciled lost work",

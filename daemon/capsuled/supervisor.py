@@ -25,13 +25,20 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from capsule_client.protocol import DiscoveryCost, DiscoveryState, StatusTotals, WatcherMode
+from capsule_client.protocol import (
+    DiscoveryCost,
+    DiscoveryState,
+    NoParams,
+    StatusTotals,
+    WatcherMode,
+)
 
 from . import service
 from .api import Api
 from .config import Config
 from .discovery import Discovery
 from .jsonrpc import Dispatcher
+from .metrics import DaemonCollector, RequestMetrics, TextfileWriter
 from .server import Server, UnixListener
 from .subscriptions import SubscriptionHub
 from .watcher import HomeWatcher
@@ -102,6 +109,14 @@ class Daemon:
             write_timeout_s=config.write_timeout_s,
             on_connect=service.refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
+        self.metrics = DaemonCollector(
+            lambda: self.api.status(NoParams()), lambda: self.sessions.latest, RequestMetrics()
+        )
+        self.dispatcher.on_timed = self._observe_request
+        self.textfile: TextfileWriter | None = None
+        if config.metrics_textfile is not None:  # docs/design.md §8
+            self.textfile = TextfileWriter(config.metrics_textfile, self.metrics)
+            self.sessions.add_listener(lambda _snapshot: self._mark_metrics())
         self.notifier = service.Notifier.from_environ()
         self._shutdown = anyio.Event()
         #: The process's exit status once :meth:`run` returns: 0, or 1 when the
@@ -117,6 +132,14 @@ class Daemon:
         self.totals.requests += 1
         if outcome is not None:
             self.totals.errors += 1
+
+    def _observe_request(self, method: str, outcome: int | None, duration_s: float) -> None:
+        self.metrics.requests.observe(method, outcome, duration_s)
+        self._mark_metrics()
+
+    def _mark_metrics(self) -> None:
+        if self.textfile is not None:
+            self.textfile.mark()
 
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
@@ -185,6 +208,8 @@ class Daemon:
                 await tg.start(self.subscriptions.serve)
                 listener = UnixListener(listening.sock)
                 await tg.start(self.server.serve, listener)
+                if self.textfile is not None:
+                    await tg.start(self.textfile.serve)
                 if not listening.activated:  # systemd's socket is systemd's to keep
                     tg.start_soon(self._keep_socket, listening, listener)
                 log.info(
