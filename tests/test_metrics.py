@@ -60,12 +60,12 @@ def status(totals: StatusTotals | None = None) -> StatusResult:
     )
 
 
-def snapshot(kinds: Iterable[str], unowned: int = 0) -> ActiveSessionsSnapshot:
+def snapshot(kinds: Iterable[str], unowned: int = 0, generation: int = 1) -> ActiveSessionsSnapshot:
     processes = [SessionProcess(kind=k, pid=100 + n, started_at=1) for n, k in enumerate(kinds)]  # type: ignore[arg-type]
     return ActiveSessionsSnapshot(
         home="/h",
         observed_at=1.0,
-        generation=1,
+        generation=generation,
         task=None,
         discovery="ready",
         sessions=[Session(session_id="ses_a", context_id=None, processes=processes)],
@@ -94,8 +94,8 @@ def test_latency_buckets_are_upper_bounds_inclusive_and_cumulative() -> None:
     bucket = "capsuled_request_duration_seconds_bucket"
     assert got[(bucket, (("le", "0.0001"), ("method", "ping")))] == 1
     assert got[(bucket, (("le", "0.0025"), ("method", "ping")))] == 1
-    assert got[(bucket, (("le", "0.005"), ("method", "ping")))] == 2
-    assert got[(bucket, (("le", "10.0"), ("method", "ping")))] == 2
+    assert got[(bucket, (("le", "0.01"), ("method", "ping")))] == 2
+    assert got[(bucket, (("le", "5.0"), ("method", "ping")))] == 2
     assert got[(bucket, (("le", "+Inf"), ("method", "ping")))] == 3
     assert got[("capsuled_request_duration_seconds_count", (("method", "ping"),))] == 3
     total = got[("capsuled_request_duration_seconds_sum", (("method", "ping"),))]
@@ -155,7 +155,7 @@ def test_snapshot_figures_follow_the_latest_snapshot() -> None:
     assert got[("capsuled_watch_overflows_total", ())] == 3
     assert got[("capsuled_connections", ())] == 7
     assert got[("capsuled_resident_memory_bytes", ())] == 4096
-    latest[0] = snapshot(["process"])
+    latest[0] = snapshot(["process"], generation=2)
     got = samples(exposition(collector))
     assert got[("capsuled_session_processes", (("kind", "exec"),))] == 0
     assert got[("capsuled_session_processes", (("kind", "process"),))] == 1

@@ -14,6 +14,9 @@ units (``_seconds``, ``_bytes``), ``_total`` on counters.
 from __future__ import annotations
 
 import bisect
+import collections
+import itertools
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +33,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.openmetrics.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import ALLOWUTF8, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from capsule_client.protocol import (
@@ -56,25 +59,9 @@ log = structlog.get_logger("capsuled.metrics")
 
 #: Upper bounds of the request latency buckets, seconds (``+Inf`` is added).
 #: A local daemon answers most requests in well under a millisecond; the top
-#: buckets catch observations and long polls.
-LATENCY_BUCKETS_S: Final = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+#: buckets catch observations and long polls. Each bucket is a sample per
+#: method in every scrape: few of them keep the exposition cheap.
+LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 5.0)
 #: What ``session.terminate`` reports for each process (docs/design.md §7).
 TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused")
 #: The ``method`` label of a request naming no method the daemon serves:
@@ -84,6 +71,7 @@ _KINDS: Final = ("provider_client", "exec", "process")
 _DISCOVERY_STATES: Final = ("ready", "scanning", "unavailable")
 _WATCH_MODES: Final = ("native", "polling", "off")
 _TRUSTS: Final = ("trusted", "untrusted")
+_KIND: Final = operator.attrgetter("kind")
 
 
 def count_reconcile(totals: StatusTotals, report: LostReport | None) -> None:
@@ -176,7 +164,7 @@ def _le(bound: float) -> str:
 
 
 class _SnapshotFigures:
-    """What one snapshot shows, counted once per snapshot (it may hold many processes)."""
+    """What one answer shows, counted once per generation (it may list many processes)."""
 
     def __init__(self, snapshot: ActiveSessionsSnapshot | None) -> None:
         self.snapshot = snapshot
@@ -188,9 +176,8 @@ class _SnapshotFigures:
         self.unowned = len(snapshot.unowned)
         self.gaps = len(snapshot.gaps)
         self.servers = len(snapshot.servers)
-        for session in snapshot.sessions:
-            for process in session.processes:
-                self.kinds[process.kind] = self.kinds.get(process.kind, 0) + 1
+        processes = itertools.chain.from_iterable(s.processes for s in snapshot.sessions)
+        self.kinds.update(collections.Counter(map(_KIND, processes)))
 
 
 class DaemonCollector(Collector):
@@ -220,13 +207,19 @@ class DaemonCollector(Collector):
         """Every family, from one ``status`` result and one snapshot."""
         status = self._status()
         snapshot = self._snapshot()
-        if snapshot is not self._figures.snapshot:
+        # The generation changes whenever the answer does (docs/design.md §7):
+        # an unchanged answer is not counted again, however many processes it lists.
+        if _generation(snapshot) != _generation(self._figures.snapshot):
             self._figures = _SnapshotFigures(snapshot)
         yield from _discovery_families(status, self._figures)
         yield from _work_families(status.totals)
         yield from _watch_families(status)
         yield from self.requests.families()
         yield from _service_families(status, self._rss_bytes())
+
+
+def _generation(snapshot: ActiveSessionsSnapshot | None) -> int | None:
+    return None if snapshot is None else snapshot.generation
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -413,7 +406,10 @@ def exposition(collector: Collector) -> str:
     """The OpenMetrics text of ``collector``'s families (the ``metrics`` result)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    text: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
+    # Every name here is a legacy Prometheus name, so the output is the same
+    # with either escaping; the default one checks each sample name a
+    # character at a time, ALLOWUTF8 does not.
+    text: bytes = generate_latest(registry, escaping=ALLOWUTF8)  # type: ignore[no-untyped-call]
     return text.decode()
 
 
