@@ -1,4 +1,4 @@
-"""The metrics collector, its exposition and the textfile writer (SPEC §7 ``metrics``, §8)."""
+"""The metrics collector, its exposition and the textfile writer (docs/design.md §7, §8)."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ class RequestMetrics:
             "by method.",
             labels=("method",),
         )
-        bounds = [*(_le(bound) for bound in LATENCY_BUCKETS_S), "+Inf"]
+        bounds = [*map(repr, LATENCY_BUCKETS_S), "+Inf"]
         for method, (counts, total) in sorted(self._latency.items()):
             cumulative = 0
             buckets: list[tuple[str, float]] = []
@@ -157,10 +157,6 @@ class RequestMetrics:
                 buckets.append((bound, cumulative))
             latency.add_metric((method,), buckets, total[0])
         yield latency
-
-
-def _le(bound: float) -> str:
-    return repr(bound)
 
 
 class _SnapshotFigures:

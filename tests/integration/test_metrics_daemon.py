@@ -1,4 +1,4 @@
-"""``metrics`` and ``--metrics-textfile`` against the real daemon (SPEC §7, §8).
+"""``metrics`` and ``--metrics-textfile`` against the real daemon (docs/design.md §7, §8).
 
 The exposition is read back with prometheus_client's own parsers (OpenMetrics
 for the ``metrics`` result, the Prometheus text format for the textfile) and
