@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench bench-quick clean
+.PHONY: run test test-tools lint bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,24 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/capsuled
 
-test: lint
+test: lint test-tools
 	$(BIN)/python -m pytest
+
+# What the tests run beside the daemon: Debian's node_exporter scrapes the
+# metrics textfile (tests/integration/test_metrics_daemon.py). Installed when
+# missing where apt-get runs as root; elsewhere that test is skipped and says why.
+NODE_EXPORTER := prometheus-node-exporter
+test-tools:
+	@command -v $(NODE_EXPORTER) >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(NODE_EXPORTER) with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq $(NODE_EXPORTER) >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq $(NODE_EXPORTER); } || \
+		echo "could not install $(NODE_EXPORTER); its test will be skipped"; \
+	else \
+		echo "$(NODE_EXPORTER) is missing (no apt-get as root); its test will be skipped"; \
+	fi
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check daemon client tests benchmarks

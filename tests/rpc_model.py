@@ -218,6 +218,11 @@ def unsubscribe_result(result: Any) -> None:
     assert isinstance(result, dict) and isinstance(result["unsubscribed"], bool), result
 
 
+def metrics_result(result: Any) -> None:
+    assert isinstance(result, dict) and isinstance(result["text"], str), result
+    assert result["text"].endswith("# EOF\n"), result
+
+
 #: Every method SPEC §7 names; a test passes the subset the daemon serves.
 METHODS: dict[str, MethodModel] = {
     "ping": MethodModel(no_params, ping_result),
@@ -230,6 +235,7 @@ METHODS: dict[str, MethodModel] = {
     # -32002: too many subscriptions on one connection.
     "sessions.subscribe": MethodModel(subscribe_params, subscribe_result, frozenset({-32002})),
     "sessions.unsubscribe": MethodModel(unsubscribe_params, unsubscribe_result),
+    "metrics": MethodModel(no_params, metrics_result),
 }
 
 

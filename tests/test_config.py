@@ -83,3 +83,24 @@ def test_a_bad_write_timeout_is_named(value: str) -> None:
 
 def test_help_names_the_write_timeout_variable() -> None:
     assert "CAPSULED_WRITE_TIMEOUT" in build_parser().format_help()
+
+
+def test_metrics_textfile_from_flag_or_environment() -> None:
+    env = {"CAPSULE_HOME": "/x"}
+    assert parse_args([], env).metrics_textfile is None
+    from_env = parse_args([], {**env, "CAPSULED_METRICS_TEXTFILE": "/var/lib/node/capsuled.prom"})
+    assert from_env.metrics_textfile == Path("/var/lib/node/capsuled.prom")
+    flagged = parse_args(
+        ["--metrics-textfile", "m/capsuled.prom"], {**env, "CAPSULED_METRICS_TEXTFILE": "/a.prom"}
+    )
+    assert flagged.metrics_textfile == Path.cwd() / "m/capsuled.prom"  # made absolute
+    with pytest.raises(ConfigError, match=r"\.prom"):
+        parse_args(["--metrics-textfile", "/tmp/capsuled.txt"], env)
+
+
+def test_help_names_the_metrics_textfile_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"], {})
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--metrics-textfile PATH" in help_text
+    assert "[$CAPSULED_METRICS_TEXTFILE]" in help_text

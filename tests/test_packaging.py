@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.resources
+import pkgutil
 import re
+import subprocess
+import sys
 
 import capsule_client
 import capsuled
@@ -34,3 +37,19 @@ def test_dependencies_have_lower_bounds_and_anyio_is_new_enough() -> None:
     floor = re.search(r">=\s*(\d+)\.(\d+)", anyio)
     assert floor and (int(floor.group(1)), int(floor.group(2))) >= (4, 14), anyio
     assert importlib.metadata.metadata("capsuled")["Requires-Python"] == ">=3.11"
+
+
+def test_the_client_library_does_not_import_prometheus_client() -> None:
+    """prometheus_client is the daemon's dependency only: runtimes import the client."""
+    modules = [
+        f"capsule_client.{info.name}" for info in pkgutil.iter_modules(capsule_client.__path__)
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print('prometheus_client' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+    requires = importlib.metadata.requires("capsuled") or []
+    assert any(re.match(r"prometheus[_-]client\b", r) for r in requires), requires

@@ -16,6 +16,7 @@ from . import (
     latency,
     live,
     memory,
+    metrics,
     ping,
     reconcile,
     scan,
@@ -147,6 +148,16 @@ SCENARIOS: tuple[Scenario, ...] = (
             "cold start to the first complete ready <= 1.5x find + cat",
         ),
         run=coldstart.run,
+    ),
+    Scenario(
+        number=14,
+        title="the metrics text at 10k receipts and 1k connections",
+        baseline="—",
+        targets=(
+            "metrics text at 10k receipts and 1k connections <= 1 ms",
+            "the first scrape after the answer changed: report what it costs",
+        ),
+        run=metrics.run,
     ),
 )
 

@@ -18,6 +18,7 @@ from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
+    MetricsResult,
     PingResult,
     RescanResult,
     SessionsChanged,
@@ -118,6 +119,10 @@ class AsyncClient:
     ) -> LostReport | None:
         """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return await self._call(_core.reconcile(from_session, this_session, context_id))
+
+    async def metrics(self) -> MetricsResult:
+        """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
+        return await self._call(_core.metrics())
 
     async def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""

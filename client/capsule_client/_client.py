@@ -17,6 +17,7 @@ from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
+    MetricsResult,
     PingResult,
     RescanResult,
     SessionsChanged,
@@ -126,6 +127,10 @@ class Client:
     def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
         """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return self._call(_core.reconcile(from_session, this_session, context_id))
+
+    def metrics(self) -> MetricsResult:
+        """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
+        return self._call(_core.metrics())
 
     def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""

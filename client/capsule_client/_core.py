@@ -23,6 +23,7 @@ from .protocol import (
     SESSIONS_DROPPED,
     ActiveSessionsSnapshot,
     LostReport,
+    MetricsResult,
     PingResult,
     Request,
     RescanResult,
@@ -140,6 +141,10 @@ def reconcile(from_session: str, this_session: str, context_id: str) -> Call[Los
     # The daemon may wait this long for the trace's lock, then scan: don't give up first.
     wait_s = DEFAULT_LOCK_TIMEOUT_S + _RECONCILE_SCAN_ALLOWANCE_S
     return Call("session.reconcile", params, LostReport | None, min_timeout_s=wait_s)
+
+
+def metrics() -> Call[MetricsResult]:
+    return Call("metrics", None, MetricsResult)
 
 
 def rescan() -> Call[RescanResult]:

@@ -101,6 +101,14 @@ def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        print_json(out, client.call_raw("metrics"))
+        return EXIT_OK
+    out.write(client.metrics().text)
+    return EXIT_OK
+
+
 def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("from_session", metavar="FROM", help="the prior session, ses_...")
     parser.add_argument(
@@ -141,6 +149,9 @@ COMMANDS: Final[dict[str, Subcommand]] = {
         _sessions, "active sessions with their live processes, unowned count and gaps"
     ),
     "rescan": Subcommand(_rescan, "make the next observation walk the home from scratch"),
+    "metrics": Subcommand(
+        _metrics, "the daemon's metrics in the OpenMetrics text format, as they came"
+    ),
     "watch": Subcommand(
         _watch,
         "print changes of the active sessions as they happen, until interrupted "

@@ -46,6 +46,7 @@ __all__ = [
     "ExitWatchMode",
     "LostReport",
     "LostWork",
+    "MetricsResult",
     "NoParams",
     "Notification",
     "PingResult",
@@ -239,6 +240,7 @@ METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
     "reader.rescan": NoParams,
     "sessions.subscribe": SubscribeParams,
     "sessions.unsubscribe": UnsubscribeParams,
+    "metrics": NoParams,
 }
 
 #: Notification methods the daemon sends (subscriptions, docs/design.md §7).
@@ -387,7 +389,19 @@ class LostReport(Struct):
 
 
 class StatusTotals(Struct):
-    """Counters since the daemon started."""
+    """Counters since the daemon started.
+
+    Attributes:
+        reconciles: ``session.reconcile`` calls that finished (lost work or not).
+        lost_reports_trusted: of them, reports whose provenance is ``trusted``.
+        lost_reports_untrusted: reports whose provenance is ``untrusted``.
+        lost_works_trusted: lost works listed by the trusted reports.
+        lost_works_untrusted: lost works listed by the untrusted reports.
+        terminated_exited: processes ``session.terminate`` saw exit after its signal.
+        terminated_killed: processes it killed after the grace period.
+        terminated_gone: processes already gone when it came to them.
+        terminated_refused: processes it may not signal.
+    """
 
     observations: int = 0
     rescans: int = 0
@@ -397,6 +411,15 @@ class StatusTotals(Struct):
     subscriptions_dropped: int = 0
     verifications: int = 0
     verification_changes: int = 0
+    reconciles: int = 0
+    lost_reports_trusted: int = 0
+    lost_reports_untrusted: int = 0
+    lost_works_trusted: int = 0
+    lost_works_untrusted: int = 0
+    terminated_exited: int = 0
+    terminated_killed: int = 0
+    terminated_gone: int = 0
+    terminated_refused: int = 0
 
 
 class WatchStatus(Struct):
@@ -489,6 +512,13 @@ class StatusResult(Struct):
     long_polls: int = 0
     watch: WatchStatus | None = None
     verification: VerificationStatus | None = None
+
+
+class MetricsResult(Struct):
+    """Result of ``metrics``: the OpenMetrics text exposition of the daemon's figures
+    (docs/design.md §7), ending ``# EOF``."""
+
+    text: str
 
 
 class SubscribeResult(Struct):

@@ -52,6 +52,8 @@ class Config:
             when a native watch cannot start), ``polling`` or ``off``.
         max_pidfds: process-exit descriptors held at most; the exits of
             processes past it are noticed by sampling (``capsuled.exits``).
+        metrics_textfile: where to write the metrics for node_exporter's
+            textfile collector (docs/service.md), or None.
     """
 
     home: Path
@@ -66,6 +68,7 @@ class Config:
     write_timeout_s: float = 10.0
     watch: WatcherMode = "native"
     max_pidfds: int = 4096
+    metrics_textfile: Path | None = None
 
 
 # (flag, environment variable, help) for the options that have one.
@@ -81,6 +84,7 @@ _ENV = {
     "write_timeout": "CAPSULED_WRITE_TIMEOUT",
     "watch": "CAPSULED_WATCH",
     "max_pidfds": "CAPSULED_MAX_PIDFDS",
+    "metrics_textfile": "CAPSULED_METRICS_TEXTFILE",
 }
 
 
@@ -208,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         "at once; the exits of more are noticed by sampling (default: 4096)",
         metavar="N",
     )
+    add(
+        "--metrics-textfile",
+        "metrics_textfile",
+        "also write the metrics to this file (atomically, after changes, at most every 5 s) "
+        "for node_exporter's textfile collector; the name must end in .prom (default: none)",
+        metavar="PATH",
+    )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
     return parser
 
@@ -248,8 +259,15 @@ def parse_args(
     if watch not in WATCH_MODES:
         raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
 
+    textfile_text = pick("metrics_textfile")
+    textfile = Path(os.path.abspath(Path(textfile_text).expanduser())) if textfile_text else None
+    if textfile is not None and textfile.suffix != ".prom":
+        raise ConfigError(
+            f"metrics textfile must end in .prom (node_exporter reads only those), not {textfile}"
+        )
+
     config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
-    overrides: dict[str, object] = {"watch": watch}
+    overrides: dict[str, object] = {"watch": watch, "metrics_textfile": textfile}
     for key, field, convert in _NUMBERS:
         if (text := pick(key)) is not None:
             overrides[field] = convert(key.replace("_", " "), text)

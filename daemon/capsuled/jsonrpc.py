@@ -218,6 +218,8 @@ class Dispatcher:
             _encoder.encode(name): method for name, method in methods.items() if method.immediate
         }
         self._on_request = on_request
+        #: Called like ``on_request`` with the duration in seconds (the latency histogram).
+        self.on_timed: Callable[[str, int | None, float], None] | None = None
         # Bound once: through the module's lazy proxy every call resolves the
         # logger again, which at tens of thousands of requests a second was
         # a tenth of the event loop's time. Logging is configured before the
@@ -361,7 +363,7 @@ class Dispatcher:
             return _with_id(id, invalid.error)
         is_notification = envelope.id is UNSET
         name = name if name in self._methods else name[:200]  # bound what reaches the logs
-        started = time.perf_counter() if self._log_requests else 0.0
+        started = time.perf_counter()
         outcome: int | None = None
         try:
             method = self._methods.get(name)
@@ -411,6 +413,8 @@ class Dispatcher:
             )
         if self._on_request is not None:
             self._on_request(name, outcome)
+        if self.on_timed is not None:
+            self.on_timed(name, outcome, time.perf_counter() - started)
 
     def _validate(self, envelope: Envelope) -> str:
         """The method name of a well-formed request; raises :class:`_Invalid` otherwise."""

@@ -29,13 +29,14 @@ import structlog
 from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
-from capsule_client.protocol import StatusTotals
+from capsule_client.protocol import NoParams, StatusTotals
 
 from . import notify, sockets
 from .changes import ChangeFeed
 from .config import Config
 from .discovery import Discovery
 from .handlers import method_table
+from .handlers.metrics import metrics_handler
 from .handlers.reconcile import Reconciles
 from .handlers.sessions import (
     rescan_handler,
@@ -47,6 +48,7 @@ from .handlers.status import StatusFigures, ping, status_handler
 from .home_setup import ensure_home
 from .jsonrpc import Dispatcher, Method
 from .lifecycle import Lifecycle
+from .metrics import DaemonCollector, RequestMetrics, TextfileWriter, count_reconcile
 from .peers import refuse_peer
 from .server import Server, UnixListener
 from .startup_errors import ServiceError
@@ -116,6 +118,11 @@ class Daemon:
             write_timeout_s=config.write_timeout_s,
             on_connect=refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
+        self.dispatcher.on_timed = self._observe_request
+        self.textfile: TextfileWriter | None = None
+        if config.metrics_textfile is not None:  # docs/design.md §8
+            self.textfile = TextfileWriter(config.metrics_textfile, self.metrics)
+            self.discovery.add_listener(lambda _snapshot: self._mark_metrics())
         self.notifier = notify.Notifier.from_environ()
 
     def _method_table(self) -> dict[str, Method]:
@@ -131,13 +138,20 @@ class Daemon:
             clients=lambda: self.server.clients,
             subscriptions=lambda: self.subscriptions.count,
         )
+        status = status_handler(figures)
+        self.metrics = DaemonCollector(
+            lambda: status(NoParams()), lambda: self.discovery.latest, RequestMetrics()
+        )
         reconciles = Reconciles(
-            records_root(self.config.home), cancelled=self.lifecycle.is_stopping
+            records_root(self.config.home),
+            cancelled=self.lifecycle.is_stopping,
+            on_report=functools.partial(count_reconcile, self.totals),
         )
         return method_table(
             {
                 "ping": ping,
-                "status": status_handler(figures),
+                "status": status,
+                "metrics": metrics_handler(self.metrics),
                 "sessions.snapshot": snapshot_handler(self.discovery),
                 "reader.rescan": rescan_handler(self.request_rescan),
                 "session.reconcile": reconciles.handle,
@@ -150,6 +164,14 @@ class Daemon:
         self.totals.requests += 1
         if outcome is not None:
             self.totals.errors += 1
+
+    def _observe_request(self, method: str, outcome: int | None, duration_s: float) -> None:
+        self.metrics.requests.observe(method, outcome, duration_s)
+        self._mark_metrics()
+
+    def _mark_metrics(self) -> None:
+        if self.textfile is not None:
+            self.textfile.mark()
 
     def request_shutdown(self) -> None:
         """Begin a graceful shutdown (what SIGTERM and SIGINT do)."""
@@ -187,6 +209,8 @@ class Daemon:
                 await tg.start(self.subscriptions.serve)
                 listener = UnixListener(listening.sock)
                 await tg.start(self.server.serve, listener)
+                if self.textfile is not None:
+                    await tg.start(self.textfile.serve)
                 if not listening.activated:  # systemd's socket is systemd's to keep
                     tg.start_soon(
                         functools.partial(

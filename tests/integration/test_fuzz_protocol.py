@@ -116,6 +116,7 @@ VALID_PARAMS: dict[str, list[dict[str, Any]]] = {
     "ping": [{}],
     "status": [{}],
     "reader.rescan": [{}],
+    "metrics": [{}],
     "sessions.snapshot": [
         {"timeout_ms": 0},
         {"timeout_ms": 10, "task": "tsk_fuzz"},

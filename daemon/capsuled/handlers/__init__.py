@@ -9,7 +9,7 @@ its method table (:func:`method_table`). Blocking work never runs on the
 event loop: handlers hand it to worker threads. Handlers that never wait
 (``ping``, ``status``) are plain functions, the others coroutines.
 
-Modules: :mod:`.status` (``ping``, ``status``), :mod:`.sessions`
+Modules: :mod:`.status` (``ping``, ``status``), :mod:`.metrics` (``metrics``), :mod:`.sessions`
 (``sessions.*``, ``reader.rescan``), :mod:`.reconcile` (``session.reconcile``).
 """
 

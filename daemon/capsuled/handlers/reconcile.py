@@ -33,11 +33,19 @@ class Reconciles:
     Args:
         records_root: ``<home>/sessions``, where the traces are.
         cancelled: whether the daemon is stopping (read from the worker thread).
+        on_report: called with each reconcile's answer (the report, or ``None``), for the counts.
     """
 
-    def __init__(self, records_root: Path, *, cancelled: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        records_root: Path,
+        *,
+        cancelled: Callable[[], bool],
+        on_report: Callable[[LostReport | None], None] = lambda _report: None,
+    ) -> None:
         self._records_root = records_root
         self._cancelled = cancelled
+        self._on_report = on_report
         self._limiter = anyio.CapacityLimiter(RECONCILE_THREADS)
         # from_session -> its lock: one reconcile per trace at a time in this
         # daemon, the others waiting without a thread. Dropped when unused.
@@ -83,6 +91,7 @@ class Reconciles:
                 cause=repr(exc.__cause__),
             )
             raise
+        self._on_report(report)
         if report is not None:
             log.info(
                 "reconciled lost work",
