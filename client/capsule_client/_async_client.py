@@ -22,6 +22,8 @@ from .protocol import (
     RescanResult,
     SessionsChanged,
     StatusResult,
+    TerminateReport,
+    TerminateSignal,
 )
 
 __all__ = ["AsyncClient", "AsyncSubscription"]
@@ -118,6 +120,12 @@ class AsyncClient:
     ) -> LostReport | None:
         """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return await self._call(_core.reconcile(from_session, this_session, context_id))
+
+    async def terminate(
+        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+    ) -> TerminateReport:
+        """``session.terminate`` (docs/design.md §7): as :meth:`Client.terminate`."""
+        return await self._call(_core.terminate(session_id, signal, grace_s))
 
     async def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""

@@ -21,6 +21,8 @@ from .protocol import (
     RescanResult,
     SessionsChanged,
     StatusResult,
+    TerminateReport,
+    TerminateSignal,
 )
 
 __all__ = ["Client", "Subscription"]
@@ -126,6 +128,20 @@ class Client:
     def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
         """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
         return self._call(_core.reconcile(from_session, this_session, context_id))
+
+    def terminate(
+        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+    ) -> TerminateReport:
+        """``session.terminate`` (docs/design.md §7): signal every live process of the
+        session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
+
+        The call waits the grace out (the client's timeout is raised to cover it).
+
+        Raises:
+            NoSuchSession: the session is not active in the daemon's fresh observation.
+            ValueError: ``grace_s`` is outside [0, 3600].
+        """
+        return self._call(_core.terminate(session_id, signal, grace_s))
 
     def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""
