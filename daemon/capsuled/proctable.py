@@ -9,11 +9,21 @@ Linux only: elsewhere every function answers "nothing" (None, empty).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from capsule_client.receipts import linux_boot_time
 
-__all__ = ["Clock", "ProcStat", "last_pid", "proc_stat", "sample_table", "thread_group_id"]
+__all__ = [
+    "Clock",
+    "ProcStat",
+    "ProcessTable",
+    "last_pid",
+    "proc_stat",
+    "sample_table",
+    "take_table",
+    "thread_group_id",
+]
 
 #: ``/proc/<pid>/stat`` states that are not live: zombie, dead.
 NOT_LIVE_STATES = frozenset({"Z", "X", "x"})
@@ -113,3 +123,23 @@ def last_pid() -> int | None:
             return int(file.read().split()[-1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTable:
+    """A full table and the pid counter read just before it (:func:`take_table`).
+
+    Attributes:
+        last_pid: :func:`last_pid` before the listing: every process with a
+            pid handed out up to it is in ``stats`` (or had exited).
+        stats: pid → stat of every live process.
+    """
+
+    last_pid: int | None
+    stats: dict[int, ProcStat]
+
+
+def take_table() -> ProcessTable:
+    """A full table with its pid counter. Blocking: O(all processes)."""
+    counter = last_pid()
+    return ProcessTable(counter, sample_table())
