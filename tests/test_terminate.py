@@ -16,6 +16,7 @@ from sessions_support import DEADLINE_S, proc_state
 from support import wait_until
 
 from capsule_client.protocol import TerminateReport
+from capsuled.descendants import DescendantTracker
 from capsuled.exits import pidfds_supported
 from capsuled.proctable import Clock, proc_stat
 from capsuled.terminate import START_TOLERANCE_S, Target, terminate
@@ -230,3 +231,34 @@ def test_two_hundred_processes_in_one_call(pool: Pool) -> None:
     assert outcomes(report) == {p.pid: "exited" for p in sleeps}
     assert [p.pid for p in report.processes] == sorted(p.pid for p in sleeps)
     assert all(p.wait(timeout=DEADLINE_S) == -signal.SIGTERM for p in sleeps)
+
+
+def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Pool) -> None:
+    """The session's processes and its descendants, as the tracker finds them, end together:
+    the shell's TERM trap starts a clean-up as the shell exits; the clean-up is signalled too."""
+    script = "trap 'sleep 300 & echo $!; exit 0' TERM; sleep 300 & echo $!; wait"
+    shell = pool.start(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert shell.stdout is not None
+    first = int(shell.stdout.readline())
+    wait_until(lambda: proc_state(first) == "S", message="the first sleep running")
+    tracker = DescendantTracker(children_files=False)
+    roots = {(shell.pid, target(shell.pid).started_at): "ses_test"}
+
+    def session_now() -> list[Target]:
+        found = tracker.look(roots)
+        return [Target(pid, started_at, "descendant") for pid, started_at in found]
+
+    async def main() -> TerminateReport:
+        listed = [target(shell.pid), *session_now()]
+        assert [t.pid for t in listed] == [shell.pid, first]
+
+        async def more() -> list[Target]:
+            return await anyio.to_thread.run_sync(session_now)
+
+        return await terminate("ses_test", listed, grace_s=DEADLINE_S, more=more)
+
+    report = anyio.run(main)
+    clean_up = int(shell.stdout.readline())
+    assert outcomes(report) == {shell.pid: "exited", first: "exited", clean_up: "exited"}
+    assert {p.kind for p in report.processes if p.pid != shell.pid} == {"descendant"}
+    assert proc_state(first) in (None, "Z") and proc_state(clean_up) in (None, "Z")

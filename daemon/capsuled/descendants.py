@@ -6,8 +6,11 @@ process of a session (a root — a live receipt's process or an owned
 session (``sid``) that such a process leads. It keeps its session, its
 ``parent_pid`` and its ``root_pid`` until it exits — also after its parent
 has exited and it has been re-parented (the orphaned ``npm run dev`` that
-outlives the shell that started it). A root is never a descendant (the
-closest attribution wins).
+outlives the shell that started it). A Unix session that a session
+process led stays the session's after the leader exits, while it has
+members: its id cannot be handed out again until the last one is gone (it
+is forgotten when a full table shows no process in it). A root is never a
+descendant (the closest attribution wins).
 
 **How a look finds new descendants.** :meth:`DescendantTracker.look` is
 given the roots and, optionally, a full :class:`~capsuled.proctable.ProcessTable`
@@ -151,6 +154,9 @@ class DescendantTracker:
         self.max_probed_pids = max_probed_pids
         self._pid_max = _pid_max()
         self._known: dict[int, _Member] = {}
+        # sid → the session process that led it: kept after the leader exits, while
+        # the Unix session has members (its id cannot be handed out again until then).
+        self._led: dict[int, _Member] = {}
         self._last_pid: int | None = None
         self.last_cost = LookCost()
 
@@ -181,6 +187,9 @@ class DescendantTracker:
         if table is not None:
             self._last_pid = table.last_pid
             self._grow(members, table.stats, check_threads=False)
+            # A Unix session ends with its last member; its id is then free for reuse.
+            sids = {stat.sid for stat in table.stats.values()}
+            self._led = {sid: m for sid, m in self._led.items() if sid in sids}
         elif self.children_files:
             lists, read = self._grow_by_children(members)
             stats += read
@@ -201,6 +210,7 @@ class DescendantTracker:
     def forget(self) -> None:
         """Drop every descendant (the daemon's home was replaced, say)."""
         self._known.clear()
+        self._led.clear()
 
     # ------------------------------------------------------------------
 
@@ -251,30 +261,36 @@ class DescendantTracker:
     def _grow(
         self, members: dict[int, _Member], stats: Mapping[int, ProcStat], *, check_threads: bool
     ) -> None:
-        """Add the processes of ``stats`` that descend from ``members``, transitively."""
+        """Add the processes of ``stats`` that descend from ``members``, transitively: by
+        their parent, or by a Unix session that a session process leads or led."""
         by_parent: defaultdict[int, list[int]] = defaultdict(list)
         by_sid: defaultdict[int, list[int]] = defaultdict(list)
         for pid, stat in stats.items():
             if pid not in members:
                 by_parent[stat.ppid].append(pid)
                 by_sid[stat.sid].append(pid)
-        queue = sorted(members)
-        while queue:
-            parent_pid = queue.pop()
-            parent = members[parent_pid]
-            found = by_parent.get(parent_pid, [])
-            if parent.sid == parent_pid:  # it leads its Unix session: the session's members too
-                found = found + by_sid.get(parent_pid, [])
+        for pid, member in members.items():
+            if member.sid == pid:
+                self._led[pid] = member
+        pending: list[tuple[_Member, list[int]]] = [
+            (members[pid], by_parent.get(pid, [])) for pid in sorted(members)
+        ]
+        pending.extend((leader, by_sid.get(sid, [])) for sid, leader in sorted(self._led.items()))
+        while pending:
+            via, found = pending.pop()
             for pid in found:
                 stat = stats[pid]
-                if pid in members or stat.start_ticks < parent.start_ticks:
+                if pid in members or stat.start_ticks < via.start_ticks:
                     continue  # known, or older than its claimed parent (a reused parent pid)
                 if check_threads and _tgid(pid) != pid:
                     continue  # a thread: its stat names its process's parent
-                members[pid] = _Member(
-                    stat.start_ticks, stat.sid, parent.session_id, parent.root_pid, stat.ppid
+                member = members[pid] = _Member(
+                    stat.start_ticks, stat.sid, via.session_id, via.root_pid, stat.ppid
                 )
-                queue.append(pid)
+                pending.append((member, by_parent.get(pid, [])))
+                if stat.sid == pid:  # it leads a Unix session (setsid): its members are ours
+                    self._led[pid] = member
+                    pending.append((member, by_sid.get(pid, [])))
 
     def _grow_by_children(self, members: dict[int, _Member]) -> tuple[int, int]:
         """Add children found in the children lists of ``members``, transitively."""

@@ -137,19 +137,23 @@ class _Run:
         self.signum = signum
         self.clock = Clock()
         self.protected = protected_pids()
-        self.victims: dict[tuple[int, int], _Victim] = {}
+        self.victims: list[_Victim] = []
+        self.latest: dict[int, _Victim] = {}  # pid → its latest victim (a pid may be reused)
         self.use_pidfds = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
     def running(self) -> list[_Victim]:
-        return [v for v in self.victims.values() if v.outcome is None and not v.exited.is_set()]
+        return [v for v in self.victims if v.outcome is None and not v.exited.is_set()]
 
     def add(self, targets: Iterable[Target], signum: signal.Signals) -> None:
         """Open, check and signal the targets not seen before."""
         for target in targets:
-            key = (target.pid, target.started_at)
-            if key in self.victims:
-                continue
-            victim = self.victims[key] = _Victim(target)
+            seen = self.latest.get(target.pid)
+            if seen is not None and (
+                seen.target.started_at == target.started_at or not seen.exited.is_set()
+            ):
+                continue  # the same process (listed again, or its start time read differently)
+            victim = self.latest[target.pid] = _Victim(target)
+            self.victims.append(victim)
             self._open(victim)
             if victim.outcome is None:
                 self.send(victim, signum)
@@ -217,20 +221,23 @@ class _Run:
         victim.exited.set()
 
     async def wait_all(self, deadline: float, more: MoreTargets | None) -> None:
-        """Until every victim has exited or the monotonic ``deadline`` passes."""
-        while self.running():
-            now = time.monotonic()
-            if now >= deadline:
-                return
-            step = deadline - now if more is None else min(DISCOVER_INTERVAL_S, deadline - now)
-            with anyio.move_on_after(step):
-                for victim in self.running():
-                    await victim.exited.wait()
-            if more is not None and time.monotonic() < deadline:
+        """Until every victim has exited or the monotonic ``deadline`` passes; ``more``
+        is asked at the start and every :data:`DISCOVER_INTERVAL_S` (also once all exited)."""
+        while True:
+            if more is not None:
                 self.add(await more(), self.signum)
+            running = self.running()
+            remaining = deadline - time.monotonic()
+            if not running or remaining <= 0:
+                return
+            with anyio.move_on_after(
+                remaining if more is None else min(DISCOVER_INTERVAL_S, remaining)
+            ):
+                for victim in running:
+                    await victim.exited.wait()
 
     def close(self) -> None:
-        for victim in self.victims.values():
+        for victim in self.victims:
             if victim.fd is not None:
                 anyio.notify_closing(victim.fd)
                 os.close(victim.fd)
@@ -267,9 +274,10 @@ async def terminate(
             run.add(targets, signum)
             if signum != signal.SIGKILL:
                 await run.wait_all(started + grace_s, more)
-                if more is not None:
-                    run.add(await more(), signal.SIGKILL)
-                for victim in run.running():
+            if more is not None:  # what was started at the last moment gets no grace
+                run.add(await more(), signal.SIGKILL)
+            for victim in run.running():
+                if not victim.killed:
                     run.send(victim, signal.SIGKILL)
             await run.wait_all(time.monotonic() + KILL_WAIT_S, None)
             for victim in run.running():
@@ -278,7 +286,7 @@ async def terminate(
         finally:
             tg.cancel_scope.cancel()
             run.close()
-    processes = sorted((v.report() for v in run.victims.values()), key=lambda p: p.pid)
+    processes = sorted((v.report() for v in run.victims), key=lambda p: p.pid)
     counts = {outcome: 0 for outcome in ("exited", "killed", "gone", "refused")}
     for process in processes:
         counts[process.outcome] += 1
