@@ -35,6 +35,8 @@ from ._exceptions import (
     ShuttingDown,
     SubscriptionDropped,
 )
+from ._render_terminate import terminate_arguments, terminate_command
+from ._render_tree import indent, nested
 from .paths import MAX_SOCKET_PATH_BYTES, default_socket, lock_path_for
 from .protocol import (
     ActiveSessionsSnapshot,
@@ -279,6 +281,8 @@ def _what(process: SessionProcess) -> str:
     for value in (process.input_id, process.exec_id, process.receipt):
         if isinstance(value, str):
             return value
+    if process.kind == "descendant":
+        return f"started by pid {process.parent_pid}"
     return "registered process"
 
 
@@ -295,9 +299,10 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
         name = _one_line(session.session_id)
         if session.context_id:
             name += f" [{_one_line(session.context_id)}]"
-        for process in session.processes:
+        for depth, process in nested(session.processes):
             age = _duration(max(now - process.started_at, 0.0))
-            rows.append((name, process.kind, str(process.pid), age, _one_line(_what(process))))
+            what = indent(depth) + _one_line(_what(process))
+            rows.append((name, process.kind, str(process.pid), age, what))
             name = ""
     lines = []
     if len(rows) > 1:
@@ -502,7 +507,7 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
     if snapshot.unowned:
         listed.append(("(unowned)", snapshot.unowned))
     for name, members in listed:
-        for process in members:
+        for depth, process in nested(members):
             cpu = process.cpu_percent
             rss = process.rss_bytes
             rows.append(
@@ -513,7 +518,7 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
                     "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
                     "-" if isinstance(rss, msgspec.UnsetType) else _bytes(rss),
                     _duration(max(now - process.started_at, 0.0)),
-                    _one_line(_what(process)),
+                    indent(depth) + _one_line(_what(process)),
                 )
             )
             name = ""
@@ -565,6 +570,10 @@ COMMANDS: dict[str, tuple[Command, str]] = {
         _reconcile,
         "report (once) the background commands a prior session left unaccounted",
     ),
+    "terminate": (
+        terminate_command,
+        "signal every process of an active session, SIGKILL what is left after the grace",
+    ),
 }
 
 
@@ -603,6 +612,7 @@ def _top_arguments(parser: argparse.ArgumentParser) -> None:
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "reconcile": _reconcile_arguments,
     "top": _top_arguments,
+    "terminate": terminate_arguments,
 }
 
 
