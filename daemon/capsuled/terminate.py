@@ -120,6 +120,11 @@ class _Victim:
     killed: bool = False  # SIGKILL was delivered
     exited: anyio.Event = field(default_factory=anyio.Event)
 
+    @property
+    def running(self) -> bool:
+        """Signalled (or about to be) and not known to have exited."""
+        return self.outcome is None and not self.exited.is_set()
+
     def report(self) -> TerminatedProcess:
         target = self.target
         outcome = self.outcome or ("killed" if self.killed else "exited")
@@ -142,15 +147,13 @@ class _Run:
         self.use_pidfds = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
     def running(self) -> list[_Victim]:
-        return [v for v in self.victims if v.outcome is None and not v.exited.is_set()]
+        return [victim for victim in self.victims if victim.running]
 
     def add(self, targets: Iterable[Target], signum: signal.Signals) -> None:
         """Open, check and signal the targets not seen before."""
         for target in targets:
             seen = self.latest.get(target.pid)
-            if seen is not None and (
-                seen.target.started_at == target.started_at or not seen.exited.is_set()
-            ):
+            if seen is not None and (seen.target.started_at == target.started_at or seen.running):
                 continue  # the same process (listed again, or its start time read differently)
             victim = self.latest[target.pid] = _Victim(target)
             self.victims.append(victim)
