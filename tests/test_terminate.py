@@ -262,3 +262,29 @@ def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Pool) ->
     assert outcomes(report) == {shell.pid: "exited", first: "exited", clean_up: "exited"}
     assert {p.kind for p in report.processes if p.pid != shell.pid} == {"descendant"}
     assert proc_state(first) in (None, "Z") and proc_state(clean_up) in (None, "Z")
+
+
+def test_orphaned_sleeps_of_a_killed_shell_are_still_the_sessions_and_end_with_it(
+    pool: Pool,
+) -> None:
+    """The shell under a receipt is killed; its two sleeps stay listed; terminate ends them."""
+    shell = pool.start(
+        ["sh", "-c", "sleep 300 & echo $!; sleep 300 & echo $!; wait"], stdout=subprocess.PIPE
+    )
+    assert shell.stdout is not None
+    sleeps = sorted(int(shell.stdout.readline()) for _ in range(2))
+    for pid in sleeps:
+        wait_until(lambda pid=pid: proc_state(pid) == "S", message=f"sleep {pid} running")
+    tracker = DescendantTracker(children_files=False)
+    roots = {(shell.pid, target(shell.pid).started_at): "ses_test"}
+    assert sorted(pid for pid, _ in tracker.look(roots)) == sleeps
+    shell.kill()
+    shell.wait(timeout=DEADLINE_S)
+    found = tracker.look({})  # the receipt's process is gone: only descendants are left
+    assert sorted(pid for pid, _ in found) == sleeps
+    assert {(d.parent_pid, d.root_pid) for d in found.values()} == {(shell.pid, shell.pid)}
+    listed = [Target(pid, started_at, "descendant") for pid, started_at in found]
+    report = run(listed, grace_s=DEADLINE_S)
+    assert outcomes(report) == dict.fromkeys(sleeps, "exited")
+    wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in sleeps), message="gone")
+    assert tracker.look({}) == {}
