@@ -255,11 +255,15 @@ def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Pool) ->
         async def more() -> list[Target]:
             return await anyio.to_thread.run_sync(session_now)
 
-        return await terminate("ses_test", listed, grace_s=DEADLINE_S, more=more)
+        return await terminate("ses_test", listed, grace_s=1.0, more=more)
 
     report = anyio.run(main)
     clean_up = int(shell.stdout.readline())
-    assert outcomes(report) == {shell.pid: "exited", first: "exited", clean_up: "exited"}
+    ended = outcomes(report)
+    # A TERM that lands between the clean-up's fork and its exec meets the shell's trap
+    # handler, which exec then forgets: that clean-up is killed after the grace instead.
+    assert ended.pop(clean_up) in ("exited", "killed")
+    assert ended == {shell.pid: "exited", first: "exited"}
     assert {p.kind for p in report.processes if p.pid != shell.pid} == {"descendant"}
     assert proc_state(first) in (None, "Z") and proc_state(clean_up) in (None, "Z")
 
