@@ -28,14 +28,17 @@ process. Without one it looks only where something new can be:
   one small read. More than :data:`MAX_PROBED_PIDS` pids since the last
   look (or the first look): one full table instead.
 
-Either way it re-reads the stat of every known descendant, to drop the
-ones that exited (their (pid, start ticks) no longer matches).
+Either way it drops the known descendants that exited: each session
+process is held by a pidfd (up to :data:`MAX_TRACKED_PIDFDS`), and all of
+them are polled in one ``poll`` call, which names the ones that exited; a
+process held by none has its stat read (it exited when its (pid, start
+ticks) no longer matches, or it is a zombie).
 
 **How often.** At every observation (with the observation's table), and
 every :data:`LOOK_INTERVAL_S` while some session has a live process — never
 while none has, so an idle daemon does not wake for it. The interval bounds
-the escape window below; with nothing forking a look costs one stat read per
-session process plus one read of ``/proc/loadavg``.
+the escape window below; with nothing forking, a look costs one ``poll`` of
+the held pidfds and one read of ``/proc/loadavg``.
 
 **What escapes.** A process that is started and re-parented between two
 looks (its parent, a session process, exited before a look saw the child)
@@ -51,8 +54,11 @@ the root).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import select
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -64,6 +70,7 @@ from .proctable import thread_group_id as _tgid
 __all__ = [
     "LOOK_INTERVAL_S",
     "MAX_PROBED_PIDS",
+    "MAX_TRACKED_PIDFDS",
     "ROOT_TOLERANCE_S",
     "Descendant",
     "DescendantTracker",
@@ -75,6 +82,8 @@ __all__ = [
 LOOK_INTERVAL_S: Final = 1.0
 #: Pids handed out since the last look above which one full table is cheaper.
 MAX_PROBED_PIDS: Final = 4096
+#: Pidfds a tracker holds at most (past them, a look reads the stat of the rest).
+MAX_TRACKED_PIDFDS: Final = 1024
 #: A root's start time must match its stat within this (the widest receipt tolerance, §3).
 ROOT_TOLERANCE_S: Final = 5.0
 
@@ -129,6 +138,80 @@ class _Member:
     parent_pid: int  # 0 for a root
 
 
+class _ExitPoll:
+    """A pidfd per session process, all polled in one syscall: which have exited.
+
+    A pidfd names one process for good, so a held process needs no stat read
+    at a look: its descriptor turns readable when it exits. Past
+    ``max_pidfds`` (or without pidfds) processes are checked by their stat.
+    """
+
+    def __init__(self, max_pidfds: int) -> None:
+        self.max_pidfds = max_pidfds if hasattr(os, "pidfd_open") else 0
+        self._held: dict[int, tuple[int, int]] = {}  # pid → (fd, start ticks)
+        self._poll = select.poll()
+        self._finalizer = weakref.finalize(self, _close_all, self._held)
+
+    def holds(self, pid: int, start_ticks: int) -> bool:
+        held = self._held.get(pid)
+        return held is not None and held[1] == start_ticks
+
+    def exited(self) -> set[int]:
+        """The held pids whose process has exited (or is a zombie)."""
+        if not self._held:
+            return set()
+        ready = {fd for fd, _ in self._poll.poll(0)}
+        return {pid for pid, (fd, _) in self._held.items() if fd in ready}
+
+    def sync(self, members: dict[int, _Member]) -> int:
+        """Hold exactly ``members``; a new one whose pid turns out reused since its stat
+        was read is dropped from ``members``. Returns the stat files read."""
+        for pid, (_fd, start_ticks) in list(self._held.items()):
+            member = members.get(pid)
+            if member is None or member.start_ticks != start_ticks:
+                self._release(pid)
+        reads = 0
+        for pid, member in list(members.items()):
+            if pid in self._held or len(self._held) >= self.max_pidfds:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                del members[pid]
+                continue
+            except OSError:  # the descriptor table is full: stat reads for the rest
+                self.max_pidfds = len(self._held)
+                continue
+            reads += 1
+            stat = proc_stat(pid)  # the pid may have been reused before the open
+            if stat is None or not stat.live or stat.start_ticks != member.start_ticks:
+                os.close(fd)
+                del members[pid]
+                continue
+            self._held[pid] = (fd, member.start_ticks)
+            self._poll.register(fd, select.POLLIN)
+        return reads
+
+    def _release(self, pid: int) -> None:
+        fd, _ = self._held.pop(pid)
+        self._poll.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _same(stat: ProcStat | None, start_ticks: int) -> bool:
+    """Whether ``stat`` is of a live process that started at ``start_ticks``."""
+    return stat is not None and stat.live and stat.start_ticks == start_ticks
+
+
+def _close_all(held: dict[int, tuple[int, int]]) -> None:
+    for fd, _ in held.values():
+        os.close(fd)
+    held.clear()
+
+
 def children_files_supported() -> bool:
     """Whether this kernel has ``/proc/<pid>/task/<tid>/children`` (``CONFIG_PROC_CHILDREN``)."""
     return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
@@ -141,12 +224,19 @@ class DescendantTracker:
         children_files: use the kernel's children lists between full tables;
             None decides by :func:`children_files_supported`.
         max_probed_pids: past this many new pids, a look takes a full table.
+        max_pidfds: session processes held by a pidfd at most (their exits
+            cost no read at a look); the rest are checked by their stat.
 
     Blocking (reads ``/proc``): run looks in a worker thread, one at a time.
+    :meth:`close` lets the pidfds go (so does garbage collection).
     """
 
     def __init__(
-        self, *, children_files: bool | None = None, max_probed_pids: int = MAX_PROBED_PIDS
+        self,
+        *,
+        children_files: bool | None = None,
+        max_probed_pids: int = MAX_PROBED_PIDS,
+        max_pidfds: int = MAX_TRACKED_PIDFDS,
     ) -> None:
         self.children_files = (
             children_files_supported() if children_files is None else children_files
@@ -158,7 +248,20 @@ class DescendantTracker:
         # the Unix session has members (its id cannot be handed out again until then).
         self._led: dict[int, _Member] = {}
         self._last_pid: int | None = None
+        self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
+        self._exits = _ExitPoll(max_pidfds)
         self.last_cost = LookCost()
+
+    def close(self) -> None:
+        """Let every pidfd go; the tracker forgets what it kept."""
+        self._exits.close()
+        self.forget()
+
+    def __enter__(self) -> DescendantTracker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def look(
         self, roots: Roots, table: ProcessTable | None = None
@@ -195,7 +298,9 @@ class DescendantTracker:
             stats += read
         else:
             probed = self._grow_by_probe(members)
+        stats += self._exits.sync(members)
         self._known = {pid: m for pid, m in members.items() if m.parent_pid}
+        self._roots = {key: members[key[0]] for key in roots if key[0] in members}
         self.last_cost = LookCost(
             full=full, stats=stats + probed, probed=probed, children_lists=lists
         )
@@ -211,6 +316,7 @@ class DescendantTracker:
         """Drop every descendant (the daemon's home was replaced, say)."""
         self._known.clear()
         self._led.clear()
+        self._roots.clear()
 
     # ------------------------------------------------------------------
 
@@ -228,17 +334,32 @@ class DescendantTracker:
             stats += 1
             return proc_stat(pid)
 
-        for (pid, started_at), session_id in sorted(roots.items()):
+        exited = self._exits.exited() if lookup is None else set()
+
+        def held(pid: int, member: _Member | None) -> bool:
+            """Held by a pidfd that has not turned readable: still running, no read needed."""
+            return (
+                lookup is None
+                and member is not None
+                and self._exits.holds(pid, member.start_ticks)
+                and pid not in exited
+            )
+
+        for key, session_id in sorted(roots.items()):
+            pid, started_at = key
+            last = self._roots.get(key)
+            if last is not None and held(pid, last):
+                members[pid] = dataclasses.replace(last, session_id=session_id)
+                continue
             stat = stat_of(pid)
             if stat is None or not stat.live:
                 continue
             if abs(clock.seconds(stat.start_ticks) - started_at) <= ROOT_TOLERANCE_S:
                 members[pid] = _Member(stat.start_ticks, stat.sid, session_id, pid, 0)
         for pid, known in self._known.items():
-            if pid in members:
-                continue  # now a root itself: listed once, under the closest attribution
-            stat = stat_of(pid)
-            if stat is not None and stat.live and stat.start_ticks == known.start_ticks:
+            if pid in members or pid in exited:
+                continue  # a root itself now (listed once, as the closest attribution), or gone
+            if held(pid, known) or _same(stat_of(pid), known.start_ticks):
                 members[pid] = known
         return members, stats
 
