@@ -292,3 +292,14 @@ def test_orphaned_sleeps_of_a_killed_shell_are_still_the_sessions_and_end_with_i
     assert outcomes(report) == dict.fromkeys(sleeps, "exited")
     wait_until(lambda: all(proc_state(pid) in (None, "Z") for pid in sleeps), message="gone")
     assert tracker.look({}) == {}
+
+
+def test_without_pidfds_the_start_time_is_checked_before_kill(pool: Pool) -> None:
+    obedient, stubborn, dead = pool.sleep(), pool.ignoring_term(), pool.sleep()
+    observed = [target(obedient.pid), target(stubborn.pid), target(dead.pid)]
+    dead.kill()
+    dead.wait(timeout=DEADLINE_S)
+    report = run(observed, grace_s=0.3, pidfds=False)
+    assert outcomes(report) == {obedient.pid: "exited", stubborn.pid: "killed", dead.pid: "gone"}
+    assert obedient.wait(timeout=DEADLINE_S) == -signal.SIGTERM
+    assert stubborn.wait(timeout=DEADLINE_S) == -signal.SIGKILL

@@ -137,14 +137,15 @@ class _Victim:
 class _Run:
     """One call of :func:`terminate`: its processes, their waiters, the clock."""
 
-    def __init__(self, tg: TaskGroup, signum: signal.Signals) -> None:
+    def __init__(self, tg: TaskGroup, signum: signal.Signals, pidfds: bool) -> None:
         self.tg = tg
         self.signum = signum
         self.clock = Clock()
         self.protected = protected_pids()
         self.victims: list[_Victim] = []
         self.latest: dict[int, _Victim] = {}  # pid → its latest victim (a pid may be reused)
-        self.use_pidfds = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        supported = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        self.use_pidfds = pidfds and supported
 
     def running(self) -> list[_Victim]:
         return [victim for victim in self.victims if victim.running]
@@ -254,6 +255,7 @@ async def terminate(
     signal_name: TerminateSignal = "TERM",
     grace_s: float = 5.0,
     more: MoreTargets | None = None,
+    pidfds: bool = True,
 ) -> TerminateReport:
     """Signal ``targets``, wait up to ``grace_s``, ``SIGKILL`` the rest; report each outcome.
 
@@ -264,6 +266,8 @@ async def terminate(
         grace_s: seconds the processes have to exit before ``SIGKILL``.
         more: asked during the grace for the session's processes now; those
             not in ``targets`` are signalled too (and reported).
+        pidfds: False signals with ``kill(2)`` after a start-time check, as
+            where no pidfd can be had (for tests).
 
     Returns:
         The report, processes sorted by pid (outcomes as in
@@ -272,7 +276,7 @@ async def terminate(
     signum = SIGNALS[signal_name]
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
-        run = _Run(tg, signum)
+        run = _Run(tg, signum, pidfds)
         try:
             run.add(targets, signum)
             if signum != signal.SIGKILL:
