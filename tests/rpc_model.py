@@ -171,6 +171,18 @@ def reconcile_params(params: Any) -> str | None:
     return bad
 
 
+def terminate_params(params: Any) -> str | None:
+    return _named(
+        params,
+        {
+            "session_id": _name,
+            "signal": lambda v: v in ("TERM", "INT", "HUP", "KILL"),
+            "grace_ms": lambda v: _int_in(v, 0, 3_600_000),
+        },
+        ("session_id",),
+    )
+
+
 def ping_result(result: Any) -> None:
     assert result["pong"] is True and isinstance(result["version"], str), result
 
@@ -206,6 +218,11 @@ def reconcile_result(result: Any) -> None:
     assert result is None or (isinstance(result, dict) and isinstance(result["lost"], list))
 
 
+def terminate_result(result: Any) -> None:
+    assert isinstance(result, dict) and isinstance(result["processes"], list), result
+    assert isinstance(result["duration_ms"], int), result
+
+
 def rescan_result(result: Any) -> None:
     assert result == {"scheduled": True}, result
 
@@ -236,6 +253,8 @@ METHODS: dict[str, MethodModel] = {
     "sessions.subscribe": MethodModel(subscribe_params, subscribe_result, frozenset({-32002})),
     "sessions.unsubscribe": MethodModel(unsubscribe_params, unsubscribe_result),
     "metrics": MethodModel(no_params, metrics_result),
+    # -32007: the session is not active (a fuzzed session id never is).
+    "session.terminate": MethodModel(terminate_params, terminate_result, frozenset({-32007})),
 }
 
 

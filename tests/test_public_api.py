@@ -36,6 +36,7 @@ def test_every_wire_error_maps_to_its_class() -> None:
         (-32004, capsule_client.UnsafePath),
         (-32005, capsule_client.ShuttingDown),
         (-32006, capsule_client.PermissionDenied),
+        (-32007, capsule_client.NoSuchSession),
     ]:
         error = _exceptions.error_from_wire(code, "m", {"k": 1})
         assert type(error) is cls and error.code == code and error.data == {"k": 1}

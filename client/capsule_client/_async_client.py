@@ -23,6 +23,8 @@ from .protocol import (
     RescanResult,
     SessionsChanged,
     StatusResult,
+    TerminateReport,
+    TerminateSignal,
 )
 
 __all__ = ["AsyncClient", "AsyncSubscription"]
@@ -123,6 +125,12 @@ class AsyncClient:
     async def metrics(self) -> MetricsResult:
         """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
         return await self._call(_core.metrics())
+
+    async def terminate(
+        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+    ) -> TerminateReport:
+        """``session.terminate`` (docs/design.md §7): as :meth:`Client.terminate`."""
+        return await self._call(_core.terminate(session_id, signal, grace_s))
 
     async def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""

@@ -22,6 +22,8 @@ from .protocol import (
     RescanResult,
     SessionsChanged,
     StatusResult,
+    TerminateReport,
+    TerminateSignal,
 )
 
 __all__ = ["Client", "Subscription"]
@@ -131,6 +133,20 @@ class Client:
     def metrics(self) -> MetricsResult:
         """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
         return self._call(_core.metrics())
+
+    def terminate(
+        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+    ) -> TerminateReport:
+        """``session.terminate`` (docs/design.md §7): signal every live process of the
+        session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
+
+        The call waits the grace out (the client's timeout is raised to cover it).
+
+        Raises:
+            NoSuchSession: the session is not active in the daemon's fresh observation.
+            ValueError: ``grace_s`` is outside [0, 3600].
+        """
+        return self._call(_core.terminate(session_id, signal, grace_s))
 
     def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""

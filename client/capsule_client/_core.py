@@ -32,6 +32,8 @@ from .protocol import (
     SessionsDropped,
     StatusResult,
     SubscribeResult,
+    TerminateReport,
+    TerminateSignal,
     UnsubscribeResult,
 )
 from .trace import DEFAULT_LOCK_TIMEOUT_S
@@ -46,6 +48,9 @@ DEFAULT_TIMEOUT_S: Final = 5.0
 _SERVER_WAIT_MARGIN_S: Final = 2.0
 #: Seconds a reconcile may scan once it holds the trace's lock (a 1 GB trace takes ~2-5 s).
 _RECONCILE_SCAN_ALLOWANCE_S: Final = 10.0
+#: Seconds a terminate may take beyond its grace: the fresh observation
+#: before it, the wait after ``SIGKILL``.
+_TERMINATE_ALLOWANCE_S: Final = 10.0
 
 #: Notifications kept for held subscriptions while no one iterates them. The
 #: daemon sends at most 50 a second per subscription and coalesces the rest,
@@ -149,6 +154,16 @@ def metrics() -> Call[MetricsResult]:
 
 def rescan() -> Call[RescanResult]:
     return Call("reader.rescan", None, RescanResult)
+
+
+def terminate(session_id: str, signal: TerminateSignal, grace_s: float) -> Call[TerminateReport]:
+    """``session.terminate``: the client waits out the grace, the kill and an observation."""
+    if not 0 <= grace_s <= 3600:
+        raise ValueError(f"grace_s must be within [0, 3600] seconds, not {grace_s!r}")
+    grace_ms = round(grace_s * 1000)
+    params = {"session_id": session_id, "signal": signal, "grace_ms": grace_ms}
+    wait_s = grace_ms / 1000 + _TERMINATE_ALLOWANCE_S
+    return Call("session.terminate", params, TerminateReport, min_timeout_s=wait_s)
 
 
 def subscribe(since: int | None) -> Call[SubscribeResult]:

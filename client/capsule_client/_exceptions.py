@@ -19,7 +19,8 @@ Tree::
         ├── NoSuchTrace         -32003
         ├── UnsafePath          -32004
         ├── ShuttingDown        -32005
-        └── PermissionDenied    -32006
+        ├── PermissionDenied    -32006
+        └── NoSuchSession       -32007
 
 Wire codes map back to classes in exactly one place, :func:`error_from_wire`.
 """
@@ -48,6 +49,7 @@ __all__ = [
     "InvalidParams",
     "InvalidRequest",
     "MethodNotFound",
+    "NoSuchSession",
     "NoSuchTrace",
     "Overloaded",
     "PermissionDenied",
@@ -171,6 +173,12 @@ class PermissionDenied(RemoteError):
     code = ErrorCode.PERMISSION_DENIED
 
 
+class NoSuchSession(RemoteError):
+    """``session.terminate``: the session is not active in the daemon's fresh observation."""
+
+    code = ErrorCode.NO_SUCH_SESSION
+
+
 _BY_CODE: dict[int, type[RemoteError]] = {
     cls.code: cls
     for cls in (
@@ -184,6 +192,7 @@ _BY_CODE: dict[int, type[RemoteError]] = {
         UnsafePath,
         ShuttingDown,
         PermissionDenied,
+        NoSuchSession,
     )
 }
 _BY_CODE[PARSE_ERROR] = InvalidRequest

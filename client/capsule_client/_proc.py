@@ -50,6 +50,11 @@ class ProcStat(NamedTuple):
     #: When the process started, clock ticks since boot (field 22).
     start_ticks: int
 
+    @property
+    def live(self) -> bool:
+        """False for a zombie or a dead process."""
+        return self.state not in NOT_LIVE_STATES
+
 
 def parse_stat(data: bytes) -> ProcStat:
     """The fields of a ``/proc/<pid>/stat`` line.

@@ -18,6 +18,7 @@ from typing import Final, TextIO
 
 import msgspec
 
+from ._render_tree import indent, nested
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -228,6 +229,8 @@ def _what(process: SessionProcess) -> str:
     for value in (process.input_id, process.exec_id, process.receipt):
         if isinstance(value, str):
             return value
+    if process.kind == "descendant":
+        return f"started by pid {process.parent_pid}"
     return "registered process"
 
 
@@ -244,9 +247,10 @@ def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = N
         name = one_line(session.session_id)
         if session.context_id:
             name += f" [{one_line(session.context_id)}]"
-        for process in session.processes:
+        for depth, process in nested(session.processes):
             age = duration(max(now - process.started_at, 0.0))
-            rows.append((name, process.kind, str(process.pid), age, one_line(_what(process))))
+            what = indent(depth) + one_line(_what(process))
+            rows.append((name, process.kind, str(process.pid), age, what))
             name = ""
     lines = []
     if len(rows) > 1:
@@ -336,7 +340,7 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
     if snapshot.unowned:
         listed.append(("(unowned)", snapshot.unowned))
     for name, members in listed:
-        for process in members:
+        for depth, process in nested(members):
             cpu = process.cpu_percent
             rss = process.rss_bytes
             rows.append(
@@ -347,7 +351,7 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
                     "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
                     "-" if isinstance(rss, msgspec.UnsetType) else _bytes(rss),
                     duration(max(now - process.started_at, 0.0)),
-                    one_line(_what(process)),
+                    indent(depth) + one_line(_what(process)),
                 )
             )
             name = ""

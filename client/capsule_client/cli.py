@@ -23,6 +23,7 @@ from ._core import DEFAULT_TIMEOUT_S
 from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
 from ._follow import follow_changes, follow_top
 from ._render import print_json, quiet_stdout, render_reconcile, render_sessions, render_status
+from ._render_terminate import terminate_arguments, terminate_command
 from .paths import MAX_SOCKET_PATH_BYTES, default_socket, lock_path_for
 
 __all__ = ["main"]
@@ -167,6 +168,11 @@ COMMANDS: Final[dict[str, Subcommand]] = {
         _reconcile,
         "report (once) the background commands a prior session left unaccounted",
         _reconcile_arguments,
+    ),
+    "terminate": Subcommand(
+        terminate_command,
+        "signal every process of an active session, SIGKILL what is left after the grace",
+        terminate_arguments,
     ),
 }
 

@@ -68,6 +68,11 @@ __all__ = [
     "SubscribeResult",
     "SubscriptionId",
     "SuccessResponse",
+    "TerminateOutcome",
+    "TerminateParams",
+    "TerminateReport",
+    "TerminateSignal",
+    "TerminatedProcess",
     "UnsubscribeParams",
     "UnsubscribeResult",
     "VerificationStatus",
@@ -98,6 +103,7 @@ class ErrorCode:
     UNSAFE_PATH: Final = -32004
     SHUTTING_DOWN: Final = -32005
     PERMISSION_DENIED: Final = -32006
+    NO_SUCH_SESSION: Final = -32007
 
 
 # --------------------------------------------------------------------------
@@ -231,6 +237,25 @@ class ReconcileParams(Struct, forbid_unknown_fields=True):
     context_id: Annotated[str, Meta(max_length=4096)]
 
 
+#: The signals ``session.terminate`` may send first (docs/design.md §7).
+TerminateSignal = Literal["TERM", "INT", "HUP", "KILL"]
+
+
+class TerminateParams(Struct, forbid_unknown_fields=True):
+    """Params of ``session.terminate`` (docs/design.md §7).
+
+    Attributes:
+        session_id: a session active in a fresh observation (else -32007).
+        signal: sent first to every live process of the session.
+        grace_ms: how long the processes have to exit before ``SIGKILL``
+            (none is sent when ``signal`` is ``KILL``).
+    """
+
+    session_id: SessionName
+    signal: TerminateSignal = "TERM"
+    grace_ms: NonNegativeMs = 5000
+
+
 #: Params type of each method; a method not listed here does not exist.
 METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
     "ping": NoParams,
@@ -241,6 +266,7 @@ METHOD_PARAMS: Final[dict[str, type[Struct]]] = {
     "sessions.subscribe": SubscribeParams,
     "sessions.unsubscribe": UnsubscribeParams,
     "metrics": NoParams,
+    "session.terminate": TerminateParams,
 }
 
 #: Notification methods the daemon sends (subscriptions, docs/design.md §7).
@@ -267,7 +293,7 @@ class RescanResult(Struct):
 
 DiscoveryState = Literal["ready", "scanning", "unavailable"]
 WatcherMode = Literal["native", "polling", "off"]
-ProcessKind = Literal["provider_client", "exec", "process"]
+ProcessKind = Literal["provider_client", "exec", "process", "descendant"]
 ExitWatchMode = Literal["pidfd", "sampling"]
 
 
@@ -302,11 +328,16 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
     Attributes:
         kind: ``provider_client`` (from a provider-client receipt), ``exec``
             (from an exec receipt) or ``process`` (a sampled process whose
-            (pid, start time) the store assigns to a session).
+            (pid, start time) the store assigns to a session) or
+            ``descendant`` (started by one of those, or in the Unix session
+            one of them leads; docs/design.md §5).
         pid: the process id.
         started_at: the process's start time, Unix seconds, as the receipt
             or the store records it.
         receipt: the receipt's path relative to the home, for receipts.
+        parent_pid: a descendant's parent when it was first seen (it keeps
+            this value after the parent exits).
+        root_pid: the receipt's or owned process a descendant descends from.
         cpu_percent: CPU use since the daemon last measured this process
             (100 = one core; 0.0 the first time), only with ``usage: true``.
         rss_bytes: resident memory, bytes, only with ``usage: true``.
@@ -320,6 +351,8 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
     provider: str | UnsetType = UNSET
     command: str | UnsetType = UNSET
     receipt: str | UnsetType = UNSET
+    parent_pid: int | UnsetType = UNSET
+    root_pid: int | UnsetType = UNSET
     cpu_percent: float | UnsetType = UNSET
     rss_bytes: int | UnsetType = UNSET
 
@@ -386,6 +419,50 @@ class LostReport(Struct):
     provenance: Provenance
     task_id: str
     message: str
+
+
+#: What became of one process ``session.terminate`` signalled (docs/design.md §7).
+TerminateOutcome = Literal["exited", "killed", "gone", "refused"]
+
+
+class TerminatedProcess(Struct, omit_defaults=True):
+    """One process of a ``session.terminate`` and what became of it.
+
+    Attributes:
+        pid: the process id.
+        started_at: its start time, Unix seconds, as the observation listed it.
+        kind: as in :class:`SessionProcess`.
+        outcome: ``exited`` (it exited after the first signal, within the
+            grace), ``killed`` (``SIGKILL`` ended it: after the grace, or it
+            was the signal asked for), ``gone`` (it had exited, or its pid
+            was reused, before it could be signalled: nothing was sent) or
+            ``refused`` (it may not be signalled: ``EPERM``, or pid 1, the
+            daemon or its parent).
+        error: why, for ``refused``, and for a process still running after
+            ``SIGKILL``.
+    """
+
+    pid: int
+    started_at: int
+    kind: ProcessKind
+    outcome: TerminateOutcome
+    error: str | UnsetType = UNSET
+
+
+class TerminateReport(Struct):
+    """Result of ``session.terminate`` (docs/design.md §7).
+
+    Attributes:
+        session_id: the session, as asked.
+        processes: every process signalled or found, sorted by pid,
+            descendants that appeared during the grace included.
+        duration_ms: from the first signal to the last exit (or the end of
+            the wait after ``SIGKILL``), milliseconds.
+    """
+
+    session_id: str
+    processes: list[TerminatedProcess]
+    duration_ms: int
 
 
 class StatusTotals(Struct):

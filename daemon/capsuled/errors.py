@@ -14,6 +14,7 @@ Tree::
     ├── UnsafePath             -32004
     ├── ShuttingDown           -32005
     ├── PermissionDenied       -32006
+    ├── NoSuchSession          -32007
     └── InternalError          -32603 (an expected failure, logged without traceback)
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "DiscoveryUnavailable",
     "InternalError",
     "InvalidParams",
+    "NoSuchSession",
     "NoSuchTrace",
     "Overloaded",
     "PermissionDenied",
@@ -80,6 +82,16 @@ class ShuttingDown(RpcError):
 
 class PermissionDenied(RpcError):
     code = ErrorCode.PERMISSION_DENIED
+
+
+class NoSuchSession(RpcError):
+    """The session is not active in the (fresh) observation (``session.terminate``)."""
+
+    code = ErrorCode.NO_SUCH_SESSION
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no such session: {session_id} is not active", {"session_id": session_id})
+        self.session_id = session_id
 
 
 class InternalError(RpcError):

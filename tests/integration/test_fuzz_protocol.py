@@ -130,6 +130,10 @@ VALID_PARAMS: dict[str, list[dict[str, Any]]] = {
         {"from_session": "ses_fuzz", "this_session": "ses_other", "context_id": "ctx"},
         {"from_session": "../etc", "this_session": "ses_x", "context_id": ""},
     ],
+    "session.terminate": [
+        {"session_id": "ses_fuzz_none"},
+        {"session_id": "ses_fuzz_none", "signal": "KILL", "grace_ms": 0},
+    ],
 }
 
 

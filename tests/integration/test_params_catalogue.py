@@ -47,6 +47,7 @@ FITTING: dict[str, dict[str, str]] = {
         "this_session": '"ses_other"',
         "context_id": '"ctx"',
     },
+    "session.terminate": {"session_id": '"ses_catalogue"', "grace_ms": "0"},
 }
 
 
