@@ -219,7 +219,7 @@ class Server:
             if reply is not None and not await connection.send_line(*reply):
                 return False
             connection.replied()
-            return True
+            return not self._stopping  # a busy connection closes after its reply
         finally:
             connection.busy = False
 
