@@ -1,11 +1,14 @@
 """One client connection: its lines in, its lines out (docs/design.md §7).
 
-A connection reads its lines in a task of its own, as they arrive, and
-hands them to the server one at a time, in order (:meth:`Connection.converse`).
-Every line written, replies and the notifications subscriptions push, goes
-through :meth:`Connection.send_line`, one line at a time, within the write
-timeout. A long request is ended when its peer leaves
-(:meth:`Connection.unless_peer_leaves`).
+A connection's task reads its lines from its anyio stream and answers them
+one at a time, in order (:meth:`Connection.converse`): a line is read only
+once the one before it is answered, so a peer that sends faster than it is
+answered fills its socket buffer, not the daemon's memory. Every line
+written, replies and the notifications subscriptions push, goes through
+:meth:`Connection.send_line`, one line at a time, within the write timeout.
+A long request is ended when its peer hangs up
+(:meth:`Connection.unless_peer_leaves`), which :class:`HangUps` watches for
+every connection at once.
 """
 
 from __future__ import annotations
@@ -13,20 +16,19 @@ from __future__ import annotations
 import contextvars
 import select
 import socket
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
 import structlog
-from anyio.abc import SocketStream, TaskGroup
+from anyio.abc import SocketStream
 
 from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES
 
 from .jsonrpc import encode_error
 
-__all__ = ["Connection", "LineHandler", "current_connection"]
+__all__ = ["Connection", "HangUps", "LineHandler", "current_connection"]
 
 T = TypeVar("T")
 
@@ -39,15 +41,13 @@ current_connection: contextvars.ContextVar[Connection] = contextvars.ContextVar(
 )
 
 _RECEIVE_CHUNK: Final = 65536
-#: Reading pauses while more than this waits unanswered (a peer that sends
-#: faster than it is answered), and resumes once no more than ``_RESUME_BYTES`` does.
-_PAUSE_BYTES: Final = MAX_MESSAGE_BYTES + _RECEIVE_CHUNK
-_RESUME_BYTES: Final = _RECEIVE_CHUNK
 #: Lines answered one after the other without waiting before the connection
 #: lets other tasks run (a peer pipelining notifications, which get no reply).
 _YIELD_EVERY: Final = 16
 #: A one-part line shorter than this is joined with its newline and sent at once.
 _JOIN_BELOW_BYTES: Final = 64 * 1024
+#: Unread input dropped at most when a connection closes (see :meth:`Connection.discard_unread`).
+_DISCARD_MAX_BYTES: Final = 4 * MAX_MESSAGE_BYTES
 #: Without epoll (not Linux), how often a peer is asked whether it hung up.
 _HANG_UP_POLL_S: Final = 0.2
 
@@ -78,81 +78,61 @@ class Connection:
         self._writable = True
         self._after_reply: list[Callable[[], None]] = []
         self._raw_socket: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        self._tasks: TaskGroup | None = None
-        #: Whether the reader would not see the peer leave: it ended, or is paused.
-        self._blind = False
         self._guarded = 0  # requests in unless_peer_leaves
-        self._hang_up_watch: anyio.CancelScope | None = None
+        #: Whether a :class:`HangUps` watches this connection's peer.
+        self.watched = False
+        #: Whether the peer closed both directions (seen by :class:`HangUps`).
+        self.hung_up = False
 
     async def converse(self, answer: LineHandler) -> None:
-        """Read lines as they arrive and give them to ``answer`` one at a time, in order.
+        """Read lines and give them to ``answer`` one at a time, in order.
 
         Ends at end-of-stream (after a last line without its ``\\n``), when
         ``answer`` returns ``False``, or after answering a line longer than
-        ``MAX_MESSAGE_BYTES`` with -32600. Reading goes on while a line is
-        answered, so that the peer is seen leaving (see :meth:`unless_peer_leaves`).
+        ``MAX_MESSAGE_BYTES`` with -32600.
         """
-        inbox = _Inbox()
-        async with anyio.create_task_group() as tasks:
-            self._tasks = tasks
-            tasks.start_soon(self._receive, inbox)
-            try:
-                await self._answer(inbox, answer)
-            finally:
-                self._tasks = None
-                tasks.cancel_scope.cancel()
-
-    async def _answer(self, inbox: _Inbox, answer: LineHandler) -> None:
-        while True:
-            line = await inbox.take()
-            if line is _END:
-                return
-            if line is None:
-                await self.send_line(
-                    encode_error(
-                        INVALID_REQUEST,
-                        f"invalid request: message longer than {MAX_MESSAGE_BYTES} bytes; "
-                        "closing the connection",
-                    )
-                )
-                return
-            if not await answer(cast(bytes, line)):
-                return
-
-    async def _receive(self, inbox: _Inbox) -> None:
-        """Queue each line received (``None`` for one too long, which ends reading)."""
         buffer = bytearray()
         searched = 0  # bytes of ``buffer`` known to hold no newline
-        try:
-            while True:
-                if inbox.full:
-                    self._stopped_watching()  # paused: the peer may leave unseen
-                    await inbox.room()
-                    self._blind = False
+        unwaited = 0  # lines answered since the last receive
+        while True:
+            at = buffer.find(b"\n", searched)
+            if at < 0:
+                searched = len(buffer)
+                if searched > MAX_MESSAGE_BYTES:
+                    await self._refuse_too_long()
+                    return
+                unwaited = 0
                 try:
                     data = await self.stream.receive(_RECEIVE_CHUNK)
                 except anyio.EndOfStream:
                     if buffer:
-                        inbox.put(bytes(buffer))  # a last line without its newline
+                        await answer(bytes(buffer))  # a last line without its newline
                     return
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # reset: gone, not half-closed; no last line
                 buffer += data
-                start = 0
-                while (at := buffer.find(b"\n", max(start, searched))) >= 0:
-                    if at - start > MAX_MESSAGE_BYTES:
-                        inbox.put(None)
-                        return
-                    inbox.put(bytes(buffer[start:at]))
-                    start = at + 1
-                del buffer[:start]  # from the front of a bytearray: no copy of the rest
-                searched = len(buffer)
-                if searched > MAX_MESSAGE_BYTES:
-                    inbox.put(None)
-                    return
-        finally:
-            inbox.end()
-            self._stopped_watching()
+                continue
+            if at > MAX_MESSAGE_BYTES:
+                await self._refuse_too_long()
+                return
+            line = bytes(buffer[:at])
+            del buffer[: at + 1]  # from the front of a bytearray: no copy of the rest
+            searched = 0
+            unwaited += 1
+            if unwaited >= _YIELD_EVERY:
+                unwaited = 0
+                await anyio.lowlevel.checkpoint()
+            if not await answer(line):
+                return
+
+    async def _refuse_too_long(self) -> None:
+        await self.send_line(
+            encode_error(
+                INVALID_REQUEST,
+                f"invalid request: message longer than {MAX_MESSAGE_BYTES} bytes; "
+                "closing the connection",
+            )
+        )
 
     def call_after_reply(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the reply to the request being handled is sent
@@ -168,43 +148,41 @@ class Connection:
             callback()
 
     async def unless_peer_leaves(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Await ``call()``; if the peer closes its end meanwhile, end the connection.
+        """Await ``call()``; if the peer hangs up meanwhile, end the connection.
 
         A long poll may wait up to an hour for a change: a client that gave up
-        must not keep its connection slot (and the poll) alive that long.
-        The reader keeps receiving while the request runs, so it sees
-        end-of-stream; a half-closed peer still waits for its answer
-        (docs/protocol.md), so from then on (or from when reading paused for
-        a backlog of unanswered requests) the socket is watched for the
-        peer's hang-up, which ends the connection.
+        must not keep its connection slot (and the poll) alive that long. A
+        half-closed peer still waits for its answer (docs/protocol.md); one
+        that closed both directions, or whose socket failed, is gone.
+        Watched by :class:`HangUps`, this costs a counter; otherwise a task
+        asks the socket now and then.
         """
         self._guarded += 1
-        if self._blind:
-            self._watch_for_hang_up()
         try:
-            return await call()
+            if self.hung_up:
+                self.peer_hung_up()
+            if self.watched:
+                return await call()
+            async with anyio.create_task_group() as watch:
+                watch.start_soon(self._end_at_hang_up)
+                try:
+                    result = await call()
+                finally:
+                    watch.cancel_scope.cancel()
+            return result
         finally:
             self._guarded -= 1
-            if not self._guarded and self._hang_up_watch is not None:
-                self._hang_up_watch.cancel()
-                self._hang_up_watch = None
 
-    def _stopped_watching(self) -> None:
-        """The reader saw end-of-stream or an error, or paused."""
-        self._blind = True
+    def peer_hung_up(self) -> None:
+        """The peer closed both directions: end the connection if a request waits for it."""
+        self.hung_up = True
         if self._guarded:
-            self._watch_for_hang_up()
-
-    def _watch_for_hang_up(self) -> None:
-        if self._hang_up_watch is None and self._tasks is not None:
-            self._hang_up_watch = anyio.CancelScope()
-            self._tasks.start_soon(self._end_at_hang_up, self._hang_up_watch)
-
-    async def _end_at_hang_up(self, watch: anyio.CancelScope) -> None:
-        with watch:
-            await _hung_up(self._raw_socket)
             log.debug("peer left during a request; ending it", connection=self.number)
             self.scope.cancel()
+
+    async def _end_at_hang_up(self) -> None:
+        await _hung_up(self._raw_socket)
+        self.peer_hung_up()
 
     def end_reading(self) -> None:
         """Make the pending read see end-of-stream, so the connection ends by itself.
@@ -217,6 +195,23 @@ class Connection:
             self._raw_socket.shutdown(socket.SHUT_RD)
         except OSError:
             self.scope.cancel()
+
+    def discard_unread(self) -> None:
+        """Drop what the peer sent and was not read, before the socket is closed.
+
+        Closing a Unix socket with unread input resets the connection, and
+        the peer may then lose replies it has not read yet. What is queued
+        now is read and dropped (at most ``_DISCARD_MAX_BYTES``), without waiting.
+        """
+        dropped = 0
+        try:
+            while dropped < _DISCARD_MAX_BYTES:
+                chunk = self._raw_socket.recv(_RECEIVE_CHUNK, socket.MSG_DONTWAIT)
+                if not chunk:
+                    return
+                dropped += len(chunk)
+        except OSError:  # nothing more (EAGAIN), or the socket failed
+            return
 
     async def send_line(self, *parts: bytes | memoryview) -> bool:
         """Send one message (in ``parts``) and its newline; ``False`` if the peer is gone or stuck.
@@ -267,77 +262,59 @@ class Connection:
             anyio.notify_closing(self._raw_socket)
 
 
-class _End:
-    """The type of :data:`_END`."""
+class HangUps:
+    """Tells connections that their peer hung up, for every connection at once.
 
-
-#: :meth:`_Inbox.take` once the reader has ended and every line was taken.
-_END: Final = _End()
-
-
-class _Inbox:
-    """The lines a connection received and has not answered yet, in order.
-
-    ``None`` stands for a line longer than the limit. The reader waits for
-    room (:meth:`room`) while more than ``_PAUSE_BYTES`` wait.
+    Each connection's socket is registered with one epoll descriptor with no
+    events: epoll reports a hang-up (the peer closed both directions) and an
+    error by itself, and a half-close is neither. One task waits for the
+    descriptor to be readable. Without epoll (not Linux) nothing is watched
+    here, and :meth:`Connection.unless_peer_leaves` asks the socket itself.
     """
 
     def __init__(self) -> None:
-        self._lines: deque[bytes | None] = deque()
-        self._bytes = 0
-        self._ended = False
-        self._arrived = anyio.Event()
-        self._room: anyio.Event | None = None
-        self._unwaited = 0  # lines taken since the taker last waited
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._watched: dict[int, Connection] = {}
 
-    @property
-    def full(self) -> bool:
-        """Whether the reader should wait for room before receiving more."""
-        return self._bytes > _PAUSE_BYTES
+    def watch(self, connection: Connection) -> None:
+        """Watch ``connection`` until :meth:`unwatch` (before its socket closes)."""
+        if self._epoll is None:
+            return
+        fd = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+        self._epoll.register(fd, 0)
+        self._watched[fd] = connection
+        connection.watched = True
 
-    def put(self, line: bytes | None) -> None:
-        self._lines.append(line)
-        self._bytes += 0 if line is None else len(line)
-        self._arrived.set()
+    def unwatch(self, connection: Connection) -> None:
+        if self._epoll is None or not connection.watched:
+            return
+        connection.watched = False
+        fd = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+        if self._watched.pop(fd, None) is not None:
+            self._epoll.unregister(fd)
 
-    def end(self) -> None:
-        """Nothing more will be put."""
-        self._ended = True
-        self._arrived.set()
+    async def serve(self) -> None:
+        """Tell each watched connection when its peer hangs up, until cancelled."""
+        if self._epoll is None:
+            return
+        while True:
+            await anyio.wait_readable(self._epoll.fileno())
+            for fd, _ in self._epoll.poll(0):
+                connection = self._watched.pop(fd, None)
+                self._epoll.unregister(fd)  # reported once: the state lasts
+                if connection is not None:
+                    connection.peer_hung_up()
 
-    async def room(self) -> None:
-        """Return once the lines waiting are down to ``_RESUME_BYTES``."""
-        self._room = anyio.Event()
-        await self._room.wait()
-
-    async def take(self) -> bytes | _End | None:
-        """The next line, waiting for one; :data:`_END` once there are no more."""
-        if not self._lines:
-            self._unwaited = 0
-            while not self._lines:
-                if self._ended:
-                    return _END
-                self._arrived = anyio.Event()
-                await self._arrived.wait()
-        else:
-            self._unwaited += 1
-            if self._unwaited >= _YIELD_EVERY:
-                self._unwaited = 0
-                await anyio.lowlevel.checkpoint()
-        line = self._lines.popleft()
-        self._bytes -= 0 if line is None else len(line)
-        if self._room is not None and self._bytes <= _RESUME_BYTES:
-            self._room.set()
-            self._room = None
-        return line
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
 
 
 async def _hung_up(sock: socket.socket) -> None:
     """Return once the peer closed both directions (``POLLHUP``) or the socket failed.
 
-    A half-close alone (the peer still waits for an answer) does not count.
-    With epoll, the socket is registered with no events: the hang-up and the
-    error, which epoll always reports, make the epoll descriptor readable.
+    A half-close alone (the peer still waits for an answer) does not count
+    (see :class:`HangUps`).
     """
     if not hasattr(select, "epoll"):
         # Nothing wakes a task at a hang-up alone: ask again now and then.

@@ -23,7 +23,7 @@ from anyio.abc import ByteStream, SocketStream, TaskGroup, TaskStatus, UNIXSocke
 
 from capsule_client.protocol import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
 
-from .connection import Connection, current_connection
+from .connection import Connection, HangUps, current_connection
 from .jsonrpc import Dispatcher, ReplyParts, encode_error
 
 __all__ = [
@@ -68,6 +68,7 @@ class Server:
         self._connection_closed = anyio.Event()
         self._stopping = False
         self._spare_fd: int | None = None
+        self._hang_ups: HangUps | None = None
 
     @property
     def clients(self) -> int:
@@ -88,14 +89,19 @@ class Server:
         """
         self.max_connections = fit_to_descriptors(self.max_connections)
         self._spare_fd = _open_spare()
+        self._hang_ups = HangUps()
         try:
             async with anyio.create_task_group() as connections:
+                connections.start_soon(self._hang_ups.serve)
                 async with listener:
                     task_status.started()
                     with self._accept_scope:
                         await self._accept_loop(listener, connections)
                 await self.wait_closed()
+                connections.cancel_scope.cancel()  # the hang-up watch
         finally:
+            self._hang_ups.close()
+            self._hang_ups = None
             if self._spare_fd is not None:
                 os.close(self._spare_fd)
                 self._spare_fd = None
@@ -175,7 +181,14 @@ class Server:
         try:
             with connection.scope:
                 async with stream:
-                    await self._converse(connection)
+                    if self._hang_ups is not None:
+                        self._hang_ups.watch(connection)
+                    try:
+                        await self._converse(connection)
+                    finally:
+                        if self._hang_ups is not None:
+                            self._hang_ups.unwatch(connection)
+                        connection.discard_unread()
         except Exception:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
