@@ -155,7 +155,7 @@ class Connection:
         half-closed peer still waits for its answer (docs/protocol.md); one
         that closed both directions, or whose socket failed, is gone.
         Watched by :class:`HangUps`, this costs a counter; otherwise a task
-        asks the socket now and then.
+        of its own waits for the hang-up.
         """
         self._guarded += 1
         try:
@@ -188,8 +188,8 @@ class Connection:
         """Make the pending read see end-of-stream, so the connection ends by itself.
 
         Shutting the socket down for reading is gentler than cancelling the
-        read: the reader sees end-of-stream, and the connection closes after
-        any line already received is answered.
+        read: the pending receive sees end-of-stream, and the connection
+        closes after the line being answered, if any.
         """
         try:
             self._raw_socket.shutdown(socket.SHUT_RD)
