@@ -44,7 +44,7 @@ _RECEIVE_CHUNK: Final = 65536
 #: Lines answered one after the other without waiting before the connection
 #: lets other tasks run (a peer pipelining notifications, which get no reply).
 _YIELD_EVERY: Final = 16
-#: A one-part line shorter than this is joined with its newline and sent at once.
+#: A part of a line shorter than this is joined with its neighbours before it is sent.
 _JOIN_BELOW_BYTES: Final = 64 * 1024
 #: Unread input dropped at most when a connection closes (see :meth:`Connection.discard_unread`).
 _DISCARD_MAX_BYTES: Final = 4 * MAX_MESSAGE_BYTES
@@ -217,9 +217,9 @@ class Connection:
         """Send one message (in ``parts``) and its newline; ``False`` if the peer is gone or stuck.
 
         Replies and notifications take the same lock, so lines never
-        interleave. A small one-part line is joined with its newline; larger
-        parts are sent from their own buffers, never joined: a snapshot reply
-        of megabytes goes out from discovery's encoded buffer, not a copy.
+        interleave. Small parts are joined (with the newline); a part of at
+        least ``_JOIN_BELOW_BYTES`` is sent from its own buffer: a snapshot
+        reply of megabytes goes out from discovery's encoded buffer, not a copy.
         A line not sent within the write timeout drops the connection.
 
         Once a line was cut short (a failed send, the write timeout, a
@@ -232,13 +232,9 @@ class Connection:
             self._writable = False  # until the whole line is out
             with anyio.move_on_after(self._write_timeout_s) as timeout:
                 try:
-                    if len(parts) == 1 and len(parts[0]) < _JOIN_BELOW_BYTES:
-                        await self.stream.send(b"".join((parts[0], b"\n")))
-                    else:
-                        for part in parts:
-                            # The socket stream sends any buffer, a memoryview too.
-                            await self.stream.send(cast(bytes, part))
-                        await self.stream.send(b"\n")
+                    for chunk in _chunks(parts):
+                        # The socket stream sends any buffer, a memoryview too.
+                        await self.stream.send(cast(bytes, chunk))
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     return False
                 self._writable = True
@@ -260,6 +256,23 @@ class Connection:
         """Wake tasks waiting on the socket with ``anyio.wait_*``: it is about to be closed."""
         if self._raw_socket.fileno() >= 0:
             anyio.notify_closing(self._raw_socket)
+
+
+def _chunks(parts: tuple[bytes | memoryview, ...]) -> list[bytes | memoryview]:
+    """One line's parts and its newline, the small ones joined: what to send, in order."""
+    chunks: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for part in parts:
+        if len(part) < _JOIN_BELOW_BYTES:
+            small.append(part)
+            continue
+        if small:
+            chunks.append(b"".join(small))
+            small = []
+        chunks.append(part)
+    small.append(b"\n")
+    chunks.append(b"".join(small))
+    return chunks
 
 
 class HangUps:
