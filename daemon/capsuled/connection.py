@@ -46,6 +46,8 @@ _RECEIVE_CHUNK: Final = 65536
 _YIELD_EVERY: Final = 16
 #: A part of a line shorter than this is joined with its neighbours before it is sent.
 _JOIN_BELOW_BYTES: Final = 64 * 1024
+#: A whole line shorter than this is joined into one buffer before it is sent.
+_JOIN_LINE_BELOW_BYTES: Final = 1024 * 1024
 #: Unread input dropped at most when a connection closes (see :meth:`Connection.discard_unread`).
 _DISCARD_MAX_BYTES: Final = 4 * MAX_MESSAGE_BYTES
 #: Without epoll (not Linux), how often a peer is asked whether it hung up.
@@ -259,7 +261,13 @@ class Connection:
 
 
 def _chunks(parts: tuple[bytes | memoryview, ...]) -> list[bytes | memoryview]:
-    """One line's parts and its newline, the small ones joined: what to send, in order."""
+    """One line's parts and its newline, the small ones joined: what to send, in order.
+
+    A line shorter than ``_JOIN_LINE_BELOW_BYTES`` is one chunk: one copy
+    costs less than a send per part.
+    """
+    if sum(len(part) for part in parts) < _JOIN_LINE_BELOW_BYTES:
+        return [b"".join((*parts, b"\n"))]
     chunks: list[bytes | memoryview] = []
     small: list[bytes | memoryview] = []
     for part in parts:
