@@ -5,6 +5,9 @@ predicts, for any bytes a client sends, which replies come back, in which
 order, with which error code and id, and whether the daemon closes the
 connection. :func:`check` compares a real exchange with the prediction.
 
+``"params": null`` is the same as no params, and ``null`` for an optional
+member the same as leaving it out; ``null`` for a required member is refused.
+
 Where the two JSON parsers may legitimately differ — nesting near the
 decoder's depth limit — the model accepts either answer (``Either``).
 """
@@ -113,6 +116,8 @@ def _named(
     for key, value in params.items():
         if key not in allowed:
             return key
+        if value is None and key not in required:
+            continue  # null for an optional member is leaving it out
         if not allowed[key](value):
             return key
     for key in required:  # in the order of the params Struct's fields
@@ -125,10 +130,10 @@ def snapshot_params(params: Any) -> str | None:
     return _named(
         params,
         {
-            "task": lambda v: v is None or isinstance(v, str),
+            "task": lambda v: isinstance(v, str),
             "timeout_ms": lambda v: _int_in(v, 0, 3_600_000),
-            "max_age_ms": lambda v: v is None or _int_in(v, 0, 3_600_000),
-            "since": lambda v: v is None or _int_in(v, 0, None),
+            "max_age_ms": lambda v: _int_in(v, 0, 3_600_000),
+            "since": lambda v: _int_in(v, 0, None),
             "usage": lambda v: isinstance(v, bool),
         },
         (),
@@ -136,7 +141,7 @@ def snapshot_params(params: Any) -> str | None:
 
 
 def subscribe_params(params: Any) -> str | None:
-    return _named(params, {"since": lambda v: v is None or _int_in(v, 0, None)}, ())
+    return _named(params, {"since": lambda v: _int_in(v, 0, None)}, ())
 
 
 def unsubscribe_params(params: Any) -> str | None:
@@ -328,6 +333,8 @@ def _request(obj: dict[str, Any], methods: Mapping[str, MethodModel]) -> Reply |
     if not isinstance(method, str):
         return Reply(INVALID_REQUEST, id)
     params = obj.get("params", _MISSING)
+    if params is None:  # "params": null is no params
+        params = _MISSING
     if params is not _MISSING and not isinstance(params, (dict, list)):
         return Reply(INVALID_REQUEST, id)
     if notification:

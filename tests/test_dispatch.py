@@ -13,7 +13,7 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import LATER, SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
+from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
 from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
@@ -36,6 +36,12 @@ METHODS = {
     "boom": Method(NoParams, _boom),
     "unencodable": Method(NoParams, _unencodable),
 }
+
+
+async def _joined(dispatcher: Dispatcher, line: bytes) -> bytes | None:
+    """The dispatcher's reply to ``line`` as one text."""
+    parts = await dispatcher.answer(line)
+    return None if parts is None else b"".join(parts)
 
 
 async def _exchange(sock: Path, lines: list[bytes]) -> list[Any]:
@@ -81,17 +87,17 @@ async def test_an_exception_in_a_method_is_an_internal_error_and_the_connection_
 
 async def test_counts_each_request_and_its_outcome() -> None:
     seen: list[tuple[str, int | None]] = []
-    dispatcher = Dispatcher(METHODS, on_request=lambda m, o: seen.append((m, o)))
-    await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
-    await dispatcher.handle_line(b'{"jsonrpc":"2.0","method":"boom"}')
-    await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":1}}')
+    dispatcher = Dispatcher(METHODS, on_request=lambda m, o, _s: seen.append((m, o)))
+    await _joined(dispatcher, b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    await _joined(dispatcher, b'{"jsonrpc":"2.0","method":"boom"}')
+    await _joined(dispatcher, b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":1}}')
     assert seen == [("ping", None), ("boom", -32603), ("ping", -32602)]
 
 
 async def test_requests_while_shutting_down_are_refused() -> None:
     dispatcher = Dispatcher(METHODS)
     dispatcher.shutting_down = True
-    reply = await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    reply = await _joined(dispatcher, b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
     assert reply is not None
     assert json.loads(reply)["error"]["code"] == -32005
 
@@ -122,18 +128,18 @@ async def test_a_large_encoded_result_is_sent_from_its_own_buffer() -> None:
         return encoded
 
     dispatcher = Dispatcher({"big": Method(NoParams, big)})
-    parts = await dispatcher.answer_line(b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
+    parts = await dispatcher.answer(b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
     assert parts is not None and len(parts) == 3
     assert isinstance(parts[1], memoryview) and parts[1].obj is encoded
     reply = json.loads(b"".join(parts))
     assert reply == {"jsonrpc": "2.0", "id": 'a"b', "result": {"items": ["x" * 100] * 2000}}
-    joined = await dispatcher.handle_line(b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
+    joined = await _joined(dispatcher, b'{"jsonrpc":"2.0","id":"a\\"b","method":"big"}')
     assert joined == b"".join(parts)
 
 
 async def test_a_small_result_is_one_part() -> None:
     dispatcher = Dispatcher(METHODS)
-    parts = await dispatcher.answer_line(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
+    parts = await dispatcher.answer(b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
     assert parts == (b'{"jsonrpc":"2.0","id":1,"result":{"pong":true}}',)
 
 
@@ -155,7 +161,7 @@ async def test_a_batch_stops_running_requests_once_its_replies_pass_the_cap() ->
     count = 2 * BATCH_REPLY_MAX_BYTES // len(encoded)
     items = [{"jsonrpc": "2.0", "id": i, "method": "big"} for i in range(count)]
     items.append({"jsonrpc": "2.0", "method": "note"})
-    reply = await dispatcher.handle_line(json.dumps(items).encode())
+    reply = await _joined(dispatcher, json.dumps(items).encode())
 
     assert reply is not None
     assert len(reply) < BATCH_REPLY_MAX_BYTES + 2 * len(encoded)
@@ -181,38 +187,35 @@ async def test_a_result_encoded_in_parts_is_sent_as_one_json_text(size: int) -> 
     dispatcher = Dispatcher({"parted": Method(NoParams, parted)})
     line = b'{"jsonrpc":"2.0","id":7,"method":"parted"}'
     expected = {"jsonrpc": "2.0", "id": 7, "result": {"items": ["x" * size, "y"]}}
-    reply = await dispatcher.answer_line(line)
+    reply = await dispatcher.answer(line)
     assert reply is not None
     assert json.loads(b"".join(reply)) == expected
     if size >= SPLICE_MIN_BYTES:
         assert any(part is parts[1] for part in reply)  # sent from its own buffer
     else:
         assert len(reply) == 1
-    batch = await dispatcher.handle_line(b"[" + line + b"," + line + b"]")
+    batch = await _joined(dispatcher, b"[" + line + b"," + line + b"]")
     assert batch is not None and json.loads(batch) == [expected, expected]
 
 
-# Answers given without waiting (``Dispatcher.answer_now``)
+# Handlers that are plain functions and coroutine functions
 
 
-def _ping_now(params: NoParams) -> dict[str, bool]:
+def _ping_sync(params: NoParams) -> dict[str, bool]:
     return {"pong": True}
 
 
-def _boom_now(params: NoParams) -> None:
+def _boom_sync(params: NoParams) -> None:
     raise ZeroDivisionError("a bug in a method")
 
 
-IMMEDIATE = {
-    "ping": Method(NoParams, _ping_now),
-    "boom": Method(NoParams, _boom_now),
-    "later": Method(NoParams, _ping),
-}
+SYNC = {"ping": Method(NoParams, _ping_sync), "boom": Method(NoParams, _boom_sync)}
 
-ANSWERED_NOW = [
+LINES = [
     b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
     b' {"jsonrpc":"2.0","id":"a","method":"ping","params":{}}\r',
     b'{"jsonrpc":"2.0","id":null,"method":"ping","params":[]}',
+    b'{"jsonrpc":"2.0","id":9,"method":"ping","params":null}',
     b'{"jsonrpc":"2.0","method":"ping"}',  # a notification: no reply
     b'{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":1}}',  # -32602
     b'{"jsonrpc":"2.0","id":3,"method":"ping","params":[1]}',  # -32602
@@ -221,41 +224,26 @@ ANSWERED_NOW = [
     b'{"jsonrpc":"2.0","id":{},"method":"ping"}',  # -32600
     b'{"jsonrpc":"2.0","id":6,"method":"boom"}',  # -32603
     b'{"jsonrpc":"2.0","id":7,"method":"ping"',  # -32700
+    b'[{"jsonrpc":"2.0","id":8,"method":"ping"},{"jsonrpc":"2.0","id":9,"method":"boom"}]',
     b'"just a string"',  # -32600
     b"\xff",  # -32700
     b"   ",  # blank: no reply
 ]
 
-LEFT_FOR_LATER = [
-    b'{"jsonrpc":"2.0","id":1,"method":"later"}',  # may wait
-    b'{"jsonrpc":"2.0","id":1,"method":"nope"}',  # unknown: the task answers -32601
-    b'{"jsonrpc":"2.0","id":1,"method":"p\\u0069ng"}',  # the name is not as registered
-    b'{"jsonrpc":"2.0","id":1,"method":7}',
-    b'{"jsonrpc":"2.0","id":1}',
-    b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]',  # a batch
-]
 
-
-@pytest.mark.parametrize("line", ANSWERED_NOW)
-async def test_an_answer_given_at_once_is_the_answer_given_later(line: bytes) -> None:
-    """Same reply, same statistics, same log, whichever way a line is answered."""
-    seen_now: list[tuple[str, int | None]] = []
-    seen_later: list[tuple[str, int | None]] = []
-    now = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen_now.append((m, o)))
-    later = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen_later.append((m, o)))
-    with structlog.testing.capture_logs() as logs_now:
-        reply_now = now.answer_now(line)
-    with structlog.testing.capture_logs() as logs_later:
-        reply_later = await later.answer_line(line)
-    assert reply_now is not LATER
-    assert reply_now == reply_later
-    assert seen_now == seen_later
-    assert [log["event"] for log in logs_now] == [log["event"] for log in logs_later]
-
-
-@pytest.mark.parametrize("line", LEFT_FOR_LATER)
-async def test_a_line_that_may_wait_is_left_for_later_untouched(line: bytes) -> None:
-    seen: list[tuple[str, int | None]] = []
-    dispatcher = Dispatcher(IMMEDIATE, on_request=lambda m, o: seen.append((m, o)))
-    assert dispatcher.answer_now(line) is LATER
-    assert seen == []  # nothing was run or counted
+@pytest.mark.parametrize("line", LINES)
+async def test_a_plain_function_answers_as_a_coroutine_function_does(line: bytes) -> None:
+    """Same reply, same statistics, same log, whichever kind the handler is."""
+    seen_sync: list[tuple[str, int | None]] = []
+    seen_async: list[tuple[str, int | None]] = []
+    sync = Dispatcher(SYNC, on_request=lambda m, o, _s: seen_sync.append((m, o)))
+    coroutines = Dispatcher(METHODS, on_request=lambda m, o, _s: seen_async.append((m, o)))
+    with structlog.testing.capture_logs() as logs_sync:
+        reply_sync = await sync.answer(line)
+    with structlog.testing.capture_logs() as logs_async:
+        reply_async = await coroutines.answer(line)
+    assert reply_sync == reply_async
+    assert seen_sync == seen_async
+    assert [log["event"] for log in logs_sync] == [log["event"] for log in logs_async]
+    if b'"id":1,' in line:
+        assert reply_sync == (b'{"jsonrpc":"2.0","id":1,"result":{"pong":true}}',)

@@ -22,7 +22,7 @@ from msgspec import Meta, Struct
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import LATER, Dispatcher, Later, Method, ReplyParts
+from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.server import Server, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
@@ -45,12 +45,23 @@ async def _named(params: Named) -> str:
     return params.name
 
 
-DISPATCHER = Dispatcher({"ping": Method(NoParams, _ping), "named": Method(Named, _named)})
+async def _limits(params: Named) -> dict[str, int]:
+    assert type(params) is Named
+    return {"limit_ms": params.limit_ms}
+
+
+DISPATCHER = Dispatcher(
+    {
+        "ping": Method(NoParams, _ping),
+        "named": Method(Named, _named),
+        "limits": Method(Named, _limits),
+    }
+)
 
 
 async def answer(line: bytes) -> Any:
-    reply = await DISPATCHER.handle_line(line)
-    return None if reply is None else json.loads(reply)
+    reply = await DISPATCHER.answer(line)
+    return None if reply is None else json.loads(b"".join(reply))
 
 
 def nest(depth: int) -> bytes:
@@ -86,8 +97,9 @@ async def test_nesting_within_the_limit_is_decoded() -> None:
 )
 async def test_any_json_number_is_an_id_and_is_echoed_exactly(id: bytes) -> None:
     """Kind: ids were judged by whether Python could hold them, not by their JSON type."""
-    reply = await DISPATCHER.handle_line(b'{"jsonrpc":"2.0","id":' + id + b',"method":"ping"}')
-    assert reply is not None
+    parts = await DISPATCHER.answer(b'{"jsonrpc":"2.0","id":' + id + b',"method":"ping"}')
+    assert parts is not None
+    reply = b"".join(parts)
     assert reply.startswith(b'{"jsonrpc":"2.0","id":' + id + b',"result"'), reply
 
 
@@ -144,29 +156,17 @@ async def test_invalid_params_name_the_param_from_the_params_not_the_message(
     assert len(reply["error"]["message"]) < 400
 
 
-@pytest.mark.parametrize("failing", ["answer_now", "answer_line"])
-async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(
-    short_dir: Path, failing: str
-) -> None:
+async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(short_dir: Path) -> None:
     """Kind: anything the dispatcher raises must not close the connection unanswered.
 
-    The dispatcher here fails on one line, as a bug in decoding or logging
-    would: in the answer given without waiting (from the reader's callback),
-    or in the one given by the connection's task.
+    The dispatcher here fails on one line, as a bug in decoding or logging would.
     """
 
     class Failing(Dispatcher):
-        def answer_now(self, line: bytes) -> ReplyParts | Later | None:
-            if b"fail" in line:
-                if failing == "answer_now":
-                    raise ValueError("a bug in decoding")
-                return LATER
-            return super().answer_now(line)
-
-        async def answer_line(self, line: bytes) -> ReplyParts | None:
+        async def answer(self, line: bytes) -> ReplyParts | None:
             if b"fail" in line:
                 raise ValueError("a bug in decoding")
-            return await super().answer_line(line)
+            return await super().answer(line)
 
     server = Server(Failing({"ping": Method(NoParams, _ping_now)}))
     listener = listen_unix(short_dir / "f.sock")
@@ -184,6 +184,29 @@ async def test_a_dispatcher_failure_costs_one_reply_not_the_connection(
     assert first["error"]["code"] == -32603 and first["id"] is None
     assert second["result"] == {"pong": True}
     assert any(e["event"] == "request could not be answered" for e in logs)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [b"null", b'{"name":"x","limit_ms":null}', b' { "limit_ms" : null , "name" : "x" } '],
+)
+async def test_null_params_and_null_optional_members_are_left_out(params: bytes) -> None:
+    """Kind: clients of several languages send ``null`` for "not given"; msgspec refuses
+    it for a member typed ``int = 0``."""
+    line = b'{"jsonrpc":"2.0","id":1,"method":"%s","params":%s}'
+    method = b"ping" if params == b"null" else b"limits"
+    reply = await answer(line % (method, params))
+    assert reply["result"] == ({"pong": True} if method == b"ping" else {"limit_ms": 0})
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [(b'{"name":null}', "name"), (b'{"name":"x","limit_ms":"1"}', "limit_ms"), (b"null", "name")],
+)
+async def test_null_for_a_required_member_is_still_refused(params: bytes, param: str) -> None:
+    reply = await answer(b'{"jsonrpc":"2.0","id":1,"method":"limits","params":%s}' % params)
+    assert reply["error"]["code"] == -32602
+    assert reply["error"]["data"]["param"] == param
 
 
 def test_named_is_what_msgspec_would_refuse() -> None:

@@ -14,7 +14,7 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import LATER, Dispatcher, Later, Method, ReplyParts
+from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.server import Server, current_connection
 
 pytestmark = pytest.mark.anyio
@@ -32,13 +32,15 @@ def _flood(path: Path, count: int) -> list[bytes]:
         sock.connect(str(path))
 
         def read() -> None:
-            data = b""
-            while data.count(b"\n") < count:
+            chunks: list[bytes] = []
+            lines = 0
+            while lines < count:
                 chunk = sock.recv(1 << 16)
                 if not chunk:
                     break
-                data += chunk
-            replies.extend(data.splitlines())
+                chunks.append(chunk)
+                lines += chunk.count(b"\n")
+            replies.extend(b"".join(chunks).splitlines())
 
         reader = threading.Thread(target=read)
         reader.start()
@@ -85,15 +87,16 @@ async def test_a_long_line_after_a_paused_burst_is_still_read_whole(short_dir: P
                 anyio.create_task_group() as sending,
             ):
                 sending.start_soon(stream.send, burst + long_line)
-                received = b""
-                while b'"id":"long"' not in received:
-                    received += await stream.receive()
+                chunks: list[bytes] = []
+                while b'"id":"long"' not in b"".join(chunks[-2:]):
+                    chunks.append(await stream.receive())
+                received = b"".join(chunks)
         server.stop_accepting()
         server.close_idle()
     assert received.count(b"\n") == 20_001
 
 
-# Requests answered from the reader's callback (``Method(immediate=True)``)
+# Replies larger than the socket buffer, sync and async handlers
 
 
 #: Larger than any Unix socket's send buffer here (about 208 KiB): its first
@@ -101,29 +104,11 @@ async def test_a_long_line_after_a_paused_burst_is_still_read_whole(short_dir: P
 BIG_BYTES = 2 * 1024 * 1024
 
 
-class _Recording(Dispatcher):
-    """Records which way each request was answered: at once, or by the connection's task."""
-
-    def __init__(self, methods: dict[str, Method]) -> None:
-        super().__init__(methods)
-        self.ways: list[tuple[str, int]] = []
-
-    def answer_now(self, line: bytes) -> ReplyParts | Later | None:
-        reply = super().answer_now(line)
-        if reply is not LATER:
-            self.ways.append(("now", json.loads(line)["id"]))
-        return reply
-
-    async def answer_line(self, line: bytes) -> ReplyParts | None:
-        self.ways.append(("task", json.loads(line)["id"]))
-        return await super().answer_line(line)
-
-
-def _ping_now(params: NoParams) -> dict[str, bool]:
+def _ping_sync(params: NoParams) -> dict[str, bool]:
     return {"pong": True}
 
 
-def _big_now(params: NoParams) -> dict[str, str]:
+def _big_sync(params: NoParams) -> dict[str, str]:
     return {"blob": "x" * BIG_BYTES}
 
 
@@ -138,26 +123,18 @@ async def _read_lines(stream: anyio.abc.ByteStream, count: int) -> list[Any]:
     return [json.loads(line) for line in received.splitlines()]
 
 
-async def _until_buffered(server: Server) -> None:
-    """Poll until a connection holds received bytes its task has not taken (the caller's
-    ``fail_after`` is the deadline)."""
-    # Nothing signals a received byte: poll.
-    while not any(c.lines.buffered for c in server.connections):  # noqa: ASYNC110
-        await anyio.sleep(0.001)
-
-
-async def test_a_reply_given_at_once_that_the_socket_does_not_take_whole_goes_out_first(
+async def test_a_reply_the_socket_does_not_take_whole_goes_out_before_the_next(
     short_dir: Path,
 ) -> None:
-    """The rest of a reply answered from the callback is sent by the task, before it reads on."""
-    dispatcher = _Recording(
-        {
-            "big": Method(NoParams, _big_now),
-            "ping": Method(NoParams, _ping_now),
-            "slow": Method(NoParams, _ping),
-        }
+    server = Server(
+        Dispatcher(
+            {
+                "big": Method(NoParams, _big_sync),
+                "ping": Method(NoParams, _ping_sync),
+                "slow": Method(NoParams, _ping),
+            }
+        )
     )
-    server = Server(dispatcher)
     requests = [(1, "big"), (2, "ping"), (3, "slow"), (4, "big"), (5, "ping")]
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, listen_unix(short_dir / "b.sock"))
@@ -169,24 +146,20 @@ async def test_a_reply_given_at_once_that_the_socket_does_not_take_whole_goes_ou
         server.close_idle()
     assert [reply["id"] for reply in replies] == [1, 2, 3, 4, 5]
     assert [len(reply["result"]["blob"]) for reply in (replies[0], replies[3])] == [BIG_BYTES] * 2
-    assert dispatcher.ways[0] == ("now", 1)  # answered at once, its send was partial
-    assert [id for _, id in dispatcher.ways] == [1, 2, 3, 4, 5]
 
 
-async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows_it(
+async def test_a_line_sent_while_a_large_reply_waits_to_be_sent_follows_it(
     short_dir: Path,
 ) -> None:
-    """A notification sent before the task takes up the rest of the reply goes after it."""
+    """A notification scheduled by the handler, before its reply is sent, goes after it."""
     note = b'{"jsonrpc":"2.0","method":"note"}'
     sending = anyio.create_task_group()
 
     def big_then_note(params: NoParams) -> dict[str, str]:
-        # Scheduled before the task is woken to send the rest of this reply.
         sending.start_soon(current_connection.get().send_line, note)
-        return _big_now(params)
+        return _big_sync(params)
 
-    dispatcher = _Recording({"big": Method(NoParams, big_then_note)})
-    server = Server(dispatcher)
+    server = Server(Dispatcher({"big": Method(NoParams, big_then_note)}))
     async with sending, anyio.create_task_group() as tg:
         await tg.start(server.serve, listen_unix(short_dir / "n.sock"))
         with anyio.fail_after(20):
@@ -195,7 +168,6 @@ async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows
                 replies = await _read_lines(stream, 2)
         server.stop_accepting()
         server.close_idle()
-    assert dispatcher.ways == [("now", 1)]
     assert replies[0]["id"] == 1 and len(replies[0]["result"]["blob"]) == BIG_BYTES
     assert replies[1] == json.loads(note)
 
@@ -203,17 +175,22 @@ async def test_a_line_sent_while_the_rest_of_a_reply_given_at_once_waits_follows
 async def test_a_request_arriving_while_another_is_handled_is_not_answered_first(
     short_dir: Path,
 ) -> None:
-    """While the task handles a request, a ping that could be answered at once waits its turn."""
+    """While one request waits, a ping received behind it waits its turn."""
     release = anyio.Event()
     started = anyio.Event()
+    answered: list[int] = []
 
     async def waits(params: NoParams) -> dict[str, bool]:
         started.set()
         await release.wait()
+        answered.append(1)
         return {"waited": True}
 
-    dispatcher = _Recording({"ping": Method(NoParams, _ping_now), "waits": Method(NoParams, waits)})
-    server = Server(dispatcher)
+    def ping(params: NoParams) -> dict[str, bool]:
+        answered.append(2)
+        return {"pong": True}
+
+    server = Server(Dispatcher({"ping": Method(NoParams, ping), "waits": Method(NoParams, waits)}))
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, listen_unix(short_dir / "w.sock"))
         with anyio.fail_after(20):
@@ -221,28 +198,28 @@ async def test_a_request_arriving_while_another_is_handled_is_not_answered_first
                 await stream.send(_request(1, "waits"))
                 await started.wait()
                 await stream.send(_request(2, "ping"))
-                await _until_buffered(server)  # received, not yet taken
+                await anyio.wait_all_tasks_blocked()  # the ping was received, and waits
+                assert answered == []
                 release.set()
                 replies = await _read_lines(stream, 2)
         server.stop_accepting()
         server.close_idle()
     assert [reply["id"] for reply in replies] == [1, 2]
-    assert dispatcher.ways == [("task", 1), ("task", 2)]
+    assert answered == [1, 2]
 
 
-async def test_a_failure_while_answering_at_once_ends_only_that_connection(
+async def test_a_failure_while_sending_a_reply_ends_only_that_connection(
     short_dir: Path,
 ) -> None:
-    """As a failure in the connection's task would: logged, the connection closed,
-    the server serving on."""
+    """Logged, the connection closed, the server serving on."""
 
     class Malformed(Dispatcher):
-        def answer_now(self, line: bytes) -> ReplyParts | Later | None:
+        async def answer(self, line: bytes) -> ReplyParts | None:
             if b"bad" in line:
                 return (12345,)  # type: ignore[return-value]  # not bytes: sending it fails
-            return super().answer_now(line)
+            return await super().answer(line)
 
-    server = Server(Malformed({"ping": Method(NoParams, _ping_now)}))
+    server = Server(Malformed({"ping": Method(NoParams, _ping_sync)}))
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, listen_unix(short_dir / "f.sock"))

@@ -1,7 +1,7 @@
-"""Replies on one connection keep their order and stay whole, whichever way each is answered.
+"""Replies on one connection keep their order and stay whole, whatever their handler.
 
-Requests for immediate methods are answered from the reader's callback, the
-others by the connection's task, while notifications are pushed by other
+Handlers that are plain functions and coroutine functions, large and small
+replies, batches and bad lines, while notifications are pushed by other
 tasks; a client that reads slowly makes every kind of send partial.
 """
 
@@ -32,11 +32,11 @@ async def _big(params: NoParams) -> dict[str, str]:
     return {"blob": "b" * BIG}
 
 
-def _ping_now(params: NoParams) -> dict[str, bool]:
+def _ping_sync(params: NoParams) -> dict[str, bool]:
     return {"pong": True}
 
 
-def _big_now(params: NoParams) -> dict[str, str]:
+def _big_sync(params: NoParams) -> dict[str, str]:
     return {"blob": "b" * BIG}
 
 
@@ -49,7 +49,7 @@ def _script(rng: random.Random, count: int) -> tuple[bytes, list[Any]]:
     """``count`` lines of many kinds, and the ids of the replies owed, in order."""
     lines: list[bytes] = []
     owed: list[Any] = []
-    kinds = ["ping", "ping", "ping", "big_now", "big", "slow", "note", "blank", "bad", "batch"]
+    kinds = ["ping", "ping", "ping", "big_sync", "big", "slow", "note", "blank", "bad", "batch"]
     for n in range(count):
         kind = rng.choice(kinds)
         if kind == "note":
@@ -132,8 +132,8 @@ async def test_mixed_pipelined_requests_get_whole_replies_in_order(
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now),
-                "big_now": Method(NoParams, _big_now),
+                "ping": Method(NoParams, _ping_sync),
+                "big_sync": Method(NoParams, _big_sync),
                 "big": Method(NoParams, _big),
                 "slow": Method(NoParams, _slow),
                 "subscribe": Method(NoParams, subscribe),
@@ -165,18 +165,18 @@ def _ping_line(id: int) -> bytes:
     return b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\n' % id
 
 
-async def test_a_peer_gone_before_its_immediate_reply_costs_only_its_connection(
+async def test_a_peer_gone_before_its_reply_costs_only_its_connection(
     short_dir: Path,
 ) -> None:
-    """A reply answered from the callback to a closed peer fails there: nothing reaches
-    the event loop's exception handler, and the next client is served."""
+    """A reply to a closed peer fails in its connection: nothing reaches the event
+    loop's exception handler, and the next client is served."""
     loop_errors: list[dict[str, Any]] = []
     asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now),
-                "big_now": Method(NoParams, _big_now),
+                "ping": Method(NoParams, _ping_sync),
+                "big_sync": Method(NoParams, _big_sync),
             }
         )
     )
@@ -187,7 +187,7 @@ async def test_a_peer_gone_before_its_immediate_reply_costs_only_its_connection(
             for n in range(50):
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                     sock.connect(str(path))
-                    method = b"big_now" if n % 2 else b"ping"
+                    method = b"big_sync" if n % 2 else b"ping"
                     sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"%s"}\n' % method * 3)
                     if n % 3 == 0:  # unread data at close: a reset
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
@@ -205,13 +205,13 @@ async def test_a_peer_gone_before_its_immediate_reply_costs_only_its_connection(
 async def test_a_last_line_without_newline_after_a_half_close_follows_a_partial_reply(
     short_dir: Path,
 ) -> None:
-    """A peer that pipelines a big immediate request, a ping without its newline and
+    """A peer that pipelines a big request, a ping without its newline and
     half-closes, before reading anything, gets both replies in order, then end-of-stream."""
     server = Server(
         Dispatcher(
             {
-                "ping": Method(NoParams, _ping_now),
-                "big_now": Method(NoParams, _big_now),
+                "ping": Method(NoParams, _ping_sync),
+                "big_sync": Method(NoParams, _big_sync),
             }
         )
     )
@@ -221,7 +221,7 @@ async def test_a_last_line_without_newline_after_a_half_close_follows_a_partial_
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(20)
             sock.connect(str(path))
-            sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"big_now"}\n')
+            sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"big_sync"}\n')
             sock.sendall(b'{"jsonrpc":"2.0","id":2,"method":"ping"}')
             sock.shutdown(socket.SHUT_WR)
             chunks = []

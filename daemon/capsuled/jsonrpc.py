@@ -1,8 +1,10 @@
 """The JSON-RPC 2.0 envelope and dispatch, free of I/O (docs/design.md §7).
 
-:meth:`Dispatcher.handle_line` takes one received line and returns the bytes
-to send back (without the newline), or ``None`` when nothing is owed: a
-notification, a batch of notifications, a blank line. The rules, with the
+:meth:`Dispatcher.answer` takes one received line and returns the reply to
+send back (its parts, without the newline), or ``None`` when nothing is
+owed: a notification, a batch of notifications, a blank line. Each request
+is decoded once: its envelope, then its params, from the envelope's
+``msgspec.Raw``, with the method's own typed decoder. The rules, with the
 codes of https://www.jsonrpc.org/specification:
 
 * not JSON (including invalid UTF-8, an unpaired surrogate escape such as
@@ -11,8 +13,10 @@ codes of https://www.jsonrpc.org/specification:
   CR, LF) may surround a message;
 * JSON that is not a request object, ``jsonrpc`` other than ``"2.0"``, a
   missing or non-string ``method``, an ``id`` that is not a string, number or
-  null, ``params`` that are not an object or array: -32600 (with the request's
-  id when it could be read, else null);
+  null, ``params`` that are not an object, an array or null: -32600 (with the
+  request's id when it could be read, else null);
+* ``"params": null`` is the same as no params, and ``null`` for an optional
+  member the same as leaving it out (clients of several languages send them);
 * an unknown method: -32601; params that do not fit the method: -32602 whose
   message and ``data`` name the parameter and the reason;
 * a handler raising :class:`~capsuled.errors.RpcError`: that error; any other
@@ -33,11 +37,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, cast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -58,16 +61,14 @@ from capsule_client.protocol import (
 )
 
 from .errors import RpcError, ShuttingDown
+from .params import InvalidParams, ParamsDecoder
 
 __all__ = [
     "BATCH_REPLY_MAX_BYTES",
-    "LATER",
     "SPLICE_MIN_BYTES",
     "Dispatcher",
     "Encoded",
     "Handler",
-    "ImmediateHandler",
-    "Later",
     "Method",
     "ReplyParts",
     "encode_error",
@@ -75,32 +76,27 @@ __all__ = [
 
 log = structlog.get_logger("capsuled.rpc")
 
-T = TypeVar("T")
-
-Handler = Callable[[Any], Awaitable[Any]]
-#: An immediate method's handler: a plain function, which cannot wait.
-ImmediateHandler = Callable[[Any], Any]
+#: A method's handler: takes the decoded params Struct, returns the result, or
+#: an awaitable of it (a coroutine function); the dispatcher awaits what needs it.
+Handler = Callable[[Any], Any]
 
 _encoder: Final = msgspec.json.Encoder()
 _envelope: Final = msgspec.json.Decoder(Envelope)
 _batch: Final = msgspec.json.Decoder(list[Raw])
 _str: Final = msgspec.json.Decoder(str)
-_EMPTY: Final = b"{}"
 #: RFC 8259 §2: the only whitespace allowed around a JSON text.
 _JSON_WHITESPACE: Final = b" \t\r\n"
+#: First byte of ``params`` that may be a request's: an object, an array, ``null``.
+_PARAMS_START: Final = (b"{", b"[", b"n")
 #: First byte of a JSON number (RFC 8259 §6).
 _NUMBER_START: Final = frozenset(b"-0123456789")
 #: msgspec decodes nested arrays and objects recursively; past Python's
 #: recursion limit it raises RecursionError, which is the input's fault.
 _TOO_DEEP: Final = "parse error: JSON nested too deeply"
-_WHERE = re.compile(r" - at `\$\.([A-Za-z0-9_]+)`$")
-_MISSING = re.compile(r"missing required field `([A-Za-z0-9_]+)`")
-_UNKNOWN = re.compile(r"Object contains unknown field `")
-_keys: Final = msgspec.json.Decoder(dict[str, Raw])
 _json: Final = msgspec.json.Decoder(Raw)  # checks that a text is JSON, keeps nothing
 
 #: An encoded result at least this large is sent from its own buffer (see
-#: :meth:`Dispatcher.answer_line`); below it, one copy costs less than a part.
+#: :meth:`Dispatcher.answer`); below it, one copy costs less than a part.
 SPLICE_MIN_BYTES: Final = 64 * 1024
 _PLACEHOLDER: Final = Raw(b"0")
 _PLACEHOLDER_TAIL: Final = b"0}"
@@ -151,31 +147,12 @@ _ENCODED: Final = (Raw, Encoded)
 class Method:
     """A method the daemon serves: its params type and its handler.
 
-    The handler is a coroutine function (a :data:`Handler`), or a plain
-    function (an :data:`ImmediateHandler`), which cannot wait: the method is
-    then *immediate*, and a request for it can be answered on the spot by
-    :meth:`Dispatcher.answer_now`, from the connection's reader callback (so
-    its handler must set no context variable either).
+    The handler may be a plain function or a coroutine function: its result
+    is awaited when it is awaitable.
     """
 
     params: type[Struct]
-    handler: Handler | ImmediateHandler
-    #: Derived from ``handler``: whether it is a plain function.
-    immediate: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "immediate", not inspect.iscoroutinefunction(self.handler))
-
-
-class Later:
-    """The type of :data:`LATER`."""
-
-    def __repr__(self) -> str:
-        return "LATER"
-
-
-#: :meth:`Dispatcher.answer_now`'s answer for a line it leaves to :meth:`Dispatcher.answer_line`.
-LATER: Final = Later()
+    handler: Handler
 
 
 class _Invalid(Exception):
@@ -198,79 +175,45 @@ class Dispatcher:
     Args:
         methods: method name → :class:`Method`.
         on_request: called once per dispatched request or notification with
-            ``(method, outcome)`` where outcome is ``"ok"`` or the error
-            code; used for the ``status`` totals.
+            ``(method, outcome, duration_s)``, outcome ``None`` or the error
+            code; used for the ``status`` totals and the latency histogram.
     """
 
     def __init__(
         self,
         methods: Mapping[str, Method],
-        on_request: Callable[[str, int | None], None] | None = None,
+        on_request: Callable[[str, int | None, float], None] | None = None,
     ) -> None:
         self._methods = dict(methods)
-        self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
-        self._fields = {
-            name: frozenset(f.encode_name for f in msgspec.structs.fields(m.params))
-            for name, m in methods.items()
-        }
-        #: The ``immediate`` methods by their name as sent, JSON string quotes included.
-        self._immediate = {
-            _encoder.encode(name): method for name, method in methods.items() if method.immediate
-        }
+        self._params = {name: ParamsDecoder(m.params) for name, m in methods.items()}
         self._on_request = on_request
-        #: Called like ``on_request`` with the duration in seconds (the latency histogram).
-        self.on_timed: Callable[[str, int | None, float], None] | None = None
         # Bound once: through the module's lazy proxy every call resolves the
-        # logger again, which at tens of thousands of requests a second was
-        # a tenth of the event loop's time. Logging is configured before the
-        # daemon makes its dispatcher; the per-request record is debug only.
+        # logger again. Logging is configured before the daemon makes its
+        # dispatcher; the per-request record is debug only.
         self._log = log.bind()
         self._log_requests = self._log.is_enabled_for(logging.DEBUG)
         self.shutting_down = False
 
-    async def handle_line(self, line: bytes) -> bytes | None:
-        """Answer one received line (without its ``\\n``); ``None``: send nothing."""
-        parts = await self.answer_line(line)
-        return None if parts is None else b"".join(parts)
+    async def answer(self, line: bytes) -> ReplyParts | None:
+        """The reply to one received line (without its ``\\n``), in parts; ``None``: send nothing.
 
-    def answer_now(self, line: bytes) -> ReplyParts | Later | None:
-        """:meth:`answer_line`'s reply, given without waiting, or ``LATER``.
-
-        A single request naming an ``immediate`` method is answered here, by
-        the same code as :meth:`answer_line` (validation, statistics and
-        logging included); so is a line that is not JSON or not an object,
-        and a blank line (``None``). Anything else (a batch, a request for
-        any other method, a method name that is not a plain string) is
-        ``LATER``: give the line to :meth:`answer_line`. The server calls this from the event loop's
-        callback for a readable socket, so that a ``ping`` costs no task
-        switch (docs/benchmark-profiles.md).
-
+        Send the parts one after the other, then the newline. A result handed
+        over already encoded (a ``Raw`` or an :class:`Encoded`) of at least
+        ``SPLICE_MIN_BYTES`` is not copied into the reply: the parts are the
+        envelope's head, the result's own buffers, and the closing brace (a
+        snapshot of 100,000 processes is 16 MB, kept encoded by discovery).
         """
         parsed = self._parse(line)
         if isinstance(parsed, Envelope):
-            name = parsed.method
-            method = None if name is UNSET else self._immediate.get(bytes(name))
-            if method is None:
-                return LATER
-            return self._parts(_run_now(self._handle_one(parsed)))
+            return self._parts(await self._handle_one(parsed))
         if isinstance(parsed, _Batch):
-            return LATER
+            reply = await self._handle_batch(parsed.text)
+            return None if reply is None else (reply,)
         return None if parsed is None else (parsed,)
 
-    async def answer_line(self, line: bytes) -> ReplyParts | None:
-        """:meth:`handle_line`'s reply in parts, to be sent one after the other.
-
-        A result handed over already encoded (a ``Raw``) of at least
-        ``SPLICE_MIN_BYTES`` is not copied into the reply: the parts are the
-        envelope's head, the result's own buffer, and the closing brace. A
-        snapshot of 100,000 processes is 16 MB, kept encoded by discovery;
-        copying it into each reply cost more than sending it.
-        """
-        return self._parts(await self._answer(line))
-
-    def _parts(self, reply: bytes | SuccessResponse | ErrorResponse | None) -> ReplyParts | None:
-        if reply is None or isinstance(reply, bytes):
-            return None if reply is None else (reply,)
+    def _parts(self, reply: SuccessResponse | ErrorResponse | None) -> ReplyParts | None:
+        if reply is None:
+            return None
         result = reply.result if isinstance(reply, SuccessResponse) else None
         if isinstance(result, Encoded):
             if result.size >= SPLICE_MIN_BYTES:
@@ -286,15 +229,6 @@ class Dispatcher:
         head = _encoder.encode(msgspec.structs.replace(reply, result=_PLACEHOLDER))
         # ``result`` is the envelope's last member: the head ends with its placeholder.
         return (memoryview(head)[: -len(_PLACEHOLDER_TAIL)], *parts, b"}")
-
-    async def _answer(self, line: bytes) -> bytes | SuccessResponse | ErrorResponse | None:
-        """The reply to ``line``: encoded, or a single request's response to encode."""
-        parsed = self._parse(line)
-        if isinstance(parsed, Envelope):
-            return await self._handle_one(parsed)
-        if isinstance(parsed, _Batch):
-            return await self._handle_batch(parsed.text)
-        return parsed
 
     @staticmethod
     def _parse(line: bytes) -> Envelope | _Batch | bytes | None:
@@ -371,9 +305,12 @@ class Dispatcher:
                 raise _Invalid(METHOD_NOT_FOUND, f"method not found: {name[:200]!r}")
             if self.shutting_down:
                 raise ShuttingDown("the daemon is shutting down")
-            params = self._decode_params(name, envelope.params)
+            try:
+                params = self._params[name].decode(envelope.params)
+            except InvalidParams as exc:
+                raise _Invalid(INVALID_PARAMS, str(exc), exc.data) from None
             result = method.handler(params)
-            if not method.immediate:
+            if inspect.isawaitable(result):
                 result = await result
             if is_notification:
                 return None
@@ -403,18 +340,17 @@ class Dispatcher:
 
     def _done(self, name: str, outcome: int | None, started: float, notification: bool) -> None:
         """Count a dispatched request (``outcome``: ``None`` or its error code) and log it."""
+        duration_s = time.perf_counter() - started
         if self._log_requests:
             self._log.debug(
                 "request",
                 method=name,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                duration_ms=round(duration_s * 1000, 3),
                 outcome="ok" if outcome is None else outcome,
                 notification=notification,
             )
         if self._on_request is not None:
-            self._on_request(name, outcome)
-        if self.on_timed is not None:
-            self.on_timed(name, outcome, time.perf_counter() - started)
+            self._on_request(name, outcome, duration_s)
 
     def _validate(self, envelope: Envelope) -> str:
         """The method name of a well-formed request; raises :class:`_Invalid` otherwise."""
@@ -423,66 +359,14 @@ class Dispatcher:
         name = None if envelope.method is UNSET else _decode_str(envelope.method)
         if name is None:
             raise _Invalid(INVALID_REQUEST, 'invalid request: "method" must be a string')
-        if envelope.params is not UNSET and bytes(envelope.params).lstrip()[:1] not in (
-            b"{",
-            b"[",
+        if (
+            envelope.params is not UNSET
+            and bytes(envelope.params).lstrip()[:1] not in _PARAMS_START
         ):
-            raise _Invalid(INVALID_REQUEST, 'invalid request: "params" must be an object or array')
+            raise _Invalid(
+                INVALID_REQUEST, 'invalid request: "params" must be an object, an array or null'
+            )
         return name
-
-    def _decode_params(self, name: str, raw: Raw | msgspec.UnsetType) -> Any:
-        text = _EMPTY if raw is UNSET else bytes(raw).strip()
-        if text[:1] == b"[":
-            if text[1:].strip() != b"]":
-                raise _Invalid(
-                    INVALID_PARAMS,
-                    "invalid params: params must be an object of named parameters",
-                    {"param": "params", "reason": "positional params are not supported"},
-                )
-            text = _EMPTY
-        try:
-            return self._decoders[name].decode(text)
-        except RecursionError:
-            raise _Invalid(
-                INVALID_PARAMS,
-                "invalid params: nested too deeply",
-                {"param": "params", "reason": "nested too deeply"},
-            ) from None
-        except msgspec.ValidationError as exc:
-            param, reason = self._fault(name, text, str(exc))
-            raise _Invalid(
-                INVALID_PARAMS,
-                f"invalid params: {param}: {reason}",
-                {"param": param, "reason": reason},
-            ) from None
-
-    def _fault(self, name: str, text: bytes, message: str) -> tuple[str, str]:
-        """(param, reason) of a params validation error.
-
-        Field names come from the params Struct, never from parsing a name the
-        client sent back out of msgspec's message: a client's key may hold
-        backticks or be a megabyte long. An unknown key is found by reading
-        the keys in document order, as msgspec does, and cut to 100 characters.
-        """
-        fields = self._fields[name]
-        if _UNKNOWN.match(message):
-            try:
-                keys = _keys.decode(text)
-            except (msgspec.DecodeError, RecursionError):
-                keys = {}
-            for key in keys:
-                if key not in fields:
-                    key = key[:100]
-                    return key, f"Object contains unknown field `{key}`"
-            return "params", "Object contains an unknown field"
-        where = _WHERE.search(message)
-        reason = _WHERE.sub("", message)
-        if where and where.group(1) in fields:
-            return where.group(1), reason
-        missing = _MISSING.search(reason)
-        if missing and missing.group(1) in fields:
-            return missing.group(1), reason
-        return "params", reason[:200]
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,21 +374,6 @@ class _Batch:
     """A received line that is a batch (its text, stripped)."""
 
     text: bytes
-
-
-def _run_now(call: Coroutine[Any, Any, T]) -> T:
-    """Run ``call`` to its end without an event loop: a :meth:`Dispatcher._handle_one`
-    of an immediate method, which awaits nothing.
-
-    Raises:
-        RuntimeError: it suspended all the same (a defect).
-    """
-    try:
-        call.send(None)
-    except StopIteration as done:
-        return cast(T, done.value)
-    call.close()
-    raise RuntimeError("answering an immediate method suspended")
 
 
 def _not_a_request(text: bytes) -> bytes:

@@ -118,7 +118,6 @@ class Daemon:
             write_timeout_s=config.write_timeout_s,
             on_connect=refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
-        self.dispatcher.on_timed = self._observe_request
         self.textfile: TextfileWriter | None = None
         if config.metrics_textfile is not None:  # docs/design.md §8
             self.textfile = TextfileWriter(config.metrics_textfile, self.metrics)
@@ -160,12 +159,10 @@ class Daemon:
             }
         )
 
-    def _count_request(self, method: str, outcome: int | None) -> None:
+    def _count_request(self, method: str, outcome: int | None, duration_s: float) -> None:
         self.totals.requests += 1
         if outcome is not None:
             self.totals.errors += 1
-
-    def _observe_request(self, method: str, outcome: int | None, duration_s: float) -> None:
         self.metrics.requests.observe(method, outcome, duration_s)
         self._mark_metrics()
 

@@ -105,3 +105,45 @@ def test_every_parameter_with_every_type(
     refused = sum(1 for r in replies if r.get("error", {}).get("code") == -32602)
     assert refused >= len(lines) // 2  # most values do not fit; each refusal was checked
     assert daemon.process is not None and daemon.process.poll() is None
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_PARAMS))
+def test_null_params_and_null_optional_members_are_left_out(
+    served: tuple[DaemonProcess, dict[str, rpc_model.MethodModel]], method: str
+) -> None:
+    """``"params": null`` is answered as no params; every optional member given ``null``
+    as the fitting params alone; both as :mod:`rpc_model` predicts."""
+    daemon, models = served
+    if method not in models:
+        pytest.skip(f"{method} is not served by this daemon")
+    fitting = FITTING.get(method, {})
+    optional = [
+        f.encode_name for f in msgspec.structs.fields(METHOD_PARAMS[method]) if not f.required
+    ]
+    with_nulls = {**{name: "null" for name in optional}, **fitting}
+
+    def members(values: dict[str, str]) -> str:
+        return "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in values.items()) + "}"
+
+    variants = [
+        ',"params":null',
+        "",
+        f',"params":{members(fitting)}',
+        f',"params":{members(with_nulls)}',
+    ]
+    lines = [
+        f'{{"jsonrpc":"2.0","id":{n},"method":"{method}"{params}}}'.encode()
+        for n, params in enumerate(variants)
+    ]
+    payload = b"\n".join(lines) + b"\n"
+    received, closed = exchange(daemon.socket_path, payload)
+    assert not closed
+    rpc_model.check(payload, received, models)
+    replies = [m for m in map(json.loads, received.splitlines()) if "id" in m]
+    assert [r["id"] for r in replies] == list(range(len(lines)))
+
+    def outcome(reply: dict[str, object]) -> object:
+        return reply.get("error", {}) if "error" in reply else "result"  # type: ignore[union-attr]
+
+    assert outcome(replies[0]) == outcome(replies[1]), replies[:2]
+    assert outcome(replies[2]) == outcome(replies[3]), replies[2:]

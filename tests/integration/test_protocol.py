@@ -61,7 +61,6 @@ def test_parse_error_has_null_id(sock: Path, line: bytes) -> None:
         (b'{"jsonrpc":"2.0","id":5}', 5),
         (b'{"jsonrpc":"2.0","id":6,"method":42}', 6),
         (b'{"jsonrpc":"2.0","id":7,"method":"ping","params":"x"}', 7),
-        (b'{"jsonrpc":"2.0","id":8,"method":"ping","params":null}', 8),
         (b'{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}', None),
         (b'{"jsonrpc":"2.0","id":[1],"method":"ping"}', None),
         (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', None),
@@ -76,7 +75,6 @@ def test_parse_error_has_null_id(sock: Path, line: bytes) -> None:
         "no-method",
         "method-not-string",
         "params-string",
-        "params-null",
         "id-object",
         "id-array",
         "id-bool",
@@ -110,9 +108,24 @@ def test_empty_params_are_no_params(sock: Path) -> None:
     got = raw_replies(
         sock,
         b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{}}\n'
-        b'{"jsonrpc":"2.0","id":2,"method":"ping","params":[]}\n',
+        b'{"jsonrpc":"2.0","id":2,"method":"ping","params":[]}\n'
+        b'{"jsonrpc":"2.0","id":3,"method":"ping","params":null}\n',
     )
-    assert [r["result"]["pong"] for r in got] == [True, True]
+    assert [r["result"]["pong"] for r in got] == [True, True, True]
+
+
+def test_null_for_an_optional_member_is_leaving_it_out(sock: Path) -> None:
+    """``timeout_ms`` and ``usage`` are numbers and booleans with defaults: null is the default."""
+    params = b'{"timeout_ms":null,"usage":null,"max_age_ms":null,"task":null,"since":null}'
+    [reply] = raw_replies(
+        sock, b'{"jsonrpc":"2.0","id":1,"method":"sessions.snapshot","params":%s}\n' % params
+    )
+    assert reply["id"] == 1 and reply["result"]["discovery"] in ("ready", "scanning"), reply
+    [refused] = raw_replies(
+        sock, b'{"jsonrpc":"2.0","id":2,"method":"sessions.unsubscribe","params":null}\n'
+    )
+    assert_error(refused, -32602, 2)
+    assert refused["error"]["data"]["param"] == "subscription"
 
 
 def test_a_notification_gets_no_reply_but_a_null_id_does(sock: Path) -> None:

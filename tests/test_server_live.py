@@ -1,5 +1,5 @@
-"""The real daemon: requests answered from the reader's callback, counted, logged and
-drained like the others."""
+"""The real daemon: requests for methods whose handlers are plain functions (``ping``,
+``status``), counted, logged and drained like the others."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _status_line(id: int) -> bytes:
     return b'{"jsonrpc":"2.0","id":%d,"method":"status"}\n' % id
 
 
-def test_status_totals_count_requests_answered_at_once(daemon: DaemonProcess) -> None:
+def test_status_totals_count_requests_of_plain_function_handlers(daemon: DaemonProcess) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(str(daemon.socket_path))
@@ -63,7 +63,7 @@ def _queued(sock: socket.socket) -> int:
     return buf[0]
 
 
-def test_sigterm_while_a_reply_given_at_once_waits_for_a_stuck_reader(short_dir: Path) -> None:
+def test_sigterm_while_a_status_reply_waits_for_a_stuck_reader(short_dir: Path) -> None:
     """A client that stops reading in the middle of status replies, and an idle client:
     the daemon stops (its 1 s write timeout drops the stuck one), every line received is
     whole and in order, and nothing reaches the event loop's handler."""
