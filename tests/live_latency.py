@@ -60,7 +60,7 @@ def measure(rounds: int, pause_s: float) -> dict[str, list[float]]:
         home = tmp / "home"
         home.mkdir(mode=0o700)
         (home / "runtime/exec-processes").mkdir(mode=0o700, parents=True)
-        staging = home / ".staging"  # hidden: invisible to the reader (SPEC §2)
+        staging = home / ".staging"  # hidden: invisible to the reader (docs/design.md §2)
         with OwnershipStore(store_path(home)) as store:
             for index in range(rounds):
                 store.register_session(f"ses_{index}", context_id=None)

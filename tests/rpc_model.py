@@ -1,4 +1,4 @@
-"""A reference model of the wire protocol, written from SPEC §7 and docs/protocol.md.
+"""A reference model of the wire protocol, written from docs/design.md §7 and docs/protocol.md.
 
 It shares no code with the daemon: it parses with the standard library and
 predicts, for any bytes a client sends, which replies come back, in which
@@ -86,7 +86,7 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------
-# Params and results of the methods (SPEC §7; capsule_client.protocol)
+# Params and results of the methods (docs/design.md §7; capsule_client.protocol)
 
 
 def no_params(params: Any) -> str | None:
@@ -157,7 +157,7 @@ def _name(v: Any) -> bool:
 
 
 def _session_directory(v: str) -> bool:
-    """SPEC §6: ``ses_`` first, no ``/``, ``\\``, ``..`` or NUL."""
+    """docs/design.md §6: ``ses_`` first, no ``/``, ``\\``, ``..`` or NUL."""
     return v.startswith("ses_") and not any(bad in v for bad in ("/", "\\", "..", "\0"))
 
 
@@ -245,7 +245,7 @@ def metrics_result(result: Any) -> None:
     assert result["text"].endswith("# EOF\n"), result
 
 
-#: Every method SPEC §7 names; a test passes the subset the daemon serves.
+#: Every method docs/design.md §7 names; a test passes the subset the daemon serves.
 METHODS: dict[str, MethodModel] = {
     "ping": MethodModel(no_params, ping_result),
     "status": MethodModel(no_params, status_result),
@@ -477,7 +477,7 @@ def check(payload: bytes, received: bytes, methods: Mapping[str, MethodModel]) -
     prediction = predict(payload, methods)
     assert received == b"" or received.endswith(b"\n"), received[-200:]
     got = [json.loads(line) for line in received.split(b"\n")[:-1]] if received else []
-    # Server notifications (subscriptions) may interleave with replies (SPEC §7).
+    # Server notifications (subscriptions) may interleave with replies (docs/design.md §7).
     got = [line for line in got if not (isinstance(line, dict) and "method" in line)]
     wanted = [line for line in prediction.lines if line is not None]
     if not _match(wanted, got, methods):

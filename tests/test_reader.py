@@ -1,4 +1,6 @@
-"""The active-sessions reader (seed 004, SPEC §3-§5): liveness, ownership, the incremental cache.
+"""The active-sessions reader: liveness, ownership, the incremental cache.
+
+The rules are docs/design.md §3-§5 (the reader ports the original Rust reader).
 
 Real ``sleep`` processes, real receipts written with the writer kit, the real
 ownership store; changes reach the reader through the real ``ChangeFeed``.

@@ -1,4 +1,7 @@
-"""Session discovery in-process (SPEC §5, §7): single flight, cached answers, retries, polls."""
+"""Session discovery in-process: single flight, cached answers, retries, polls.
+
+The rules are docs/design.md §5 and §7.
+"""
 
 from __future__ import annotations
 

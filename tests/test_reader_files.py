@@ -1,4 +1,7 @@
-"""The reader against hostile and broken files (SPEC §2, §3, §5): gaps, never crashes or hangs."""
+"""The reader against hostile and broken files: gaps, never crashes or hangs.
+
+The rules are docs/design.md §2, §3 and §5.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Incremental observations (SPEC §5): what did not change is not redone, and the answer is
-the same as a walk from scratch would give."""
+"""Incremental observations: what did not change is not redone, and the answer is
+the same as a walk from scratch would give.
+
+The rules are docs/design.md §5.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""File names that are not UTF-8 under the home still give an answer that can be sent (SPEC §3, §7).
+"""File names that are not UTF-8 under the home still give an answer that can be sent.
+
+The rules are docs/design.md §3 and §7.
 
 POSIX names are bytes; Python hands the undecodable ones over as lone
 surrogates, which no JSON encoder accepts. A gap or a receipt path naming such

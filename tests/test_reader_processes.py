@@ -1,4 +1,4 @@
-"""The process sample (SPEC §3 liveness): one fresh sample, zombies left out."""
+"""The process sample (docs/design.md §3 liveness): one fresh sample, zombies left out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reconcile's markers reach the trace in one write, fsynced before the report (SPEC §6).
+"""Reconcile's markers reach the trace in one write, fsynced before the report (docs/design.md §6).
 
 Watched from outside with ``strace``: the system calls a real reconcile makes
 on the trace's descriptor, in the order the kernel saw them.

@@ -1,4 +1,4 @@
-"""The service glue on its own: real files, real sockets, real processes (SPEC §3, §8)."""
+"""The service glue on its own: real files, real sockets, real processes (docs/design.md §3, §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The systemd units and the LaunchAgent as shipped (SPEC §8)."""
+"""The systemd units and the LaunchAgent as shipped (docs/design.md §8)."""
 
 from __future__ import annotations
 

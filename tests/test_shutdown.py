@@ -1,4 +1,7 @@
-"""Graceful shutdown of the real Daemon on a real socket: drain, then clean up (SPEC §8)."""
+"""Graceful shutdown of the real Daemon on a real socket: drain, then clean up.
+
+The rules are docs/design.md §8.
+"""
 
 from __future__ import annotations
 

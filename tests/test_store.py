@@ -1,4 +1,7 @@
-"""The ownership store: the writer kit and the daemon's read-only side (SPEC §4), real SQLite."""
+"""The ownership store: the writer kit and the daemon's read-only side, real SQLite.
+
+The rules are docs/design.md §4.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""A store path that is not a regular file makes ownership unavailable, never a hang (SPEC §4).
+"""A store path that is not a regular file makes ownership unavailable, never a hang.
+
+The rules are docs/design.md §4.
 
 SQLite opens the store (and its ``-wal`` / ``-shm`` / ``-journal`` files) by
 path with a blocking ``open``: a FIFO there would hold the observation, every

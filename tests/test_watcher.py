@@ -170,7 +170,7 @@ async def test_receipt_replaced_and_removed_reach_the_feed(home: Path) -> None:
 async def test_a_new_directory_is_fed_even_if_filled_before_it_is_watched(home: Path) -> None:
     # A receipt written right after ``mkdir`` may land before the watch on
     # the new directory exists; the directory itself is fed, so the reader
-    # walks it (seed 004 ``reconcile``) and finds the receipt anyway.
+    # walks it (the original reader's ``reconcile``) and finds the receipt anyway.
     feed = ChangeFeed()
     seen = Seen(feed)
     async with running(watcher_for(home, feed)):

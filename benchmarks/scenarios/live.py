@@ -8,7 +8,7 @@ notifications. Each trial registers a session and an exec for a fresh
 
 * **receipt -> notification**: writes the exec receipt with the writer kit
   into a hidden staging directory (temp file, fsync, rename, fsync: invisible
-  to the reader, SPEC §2) and times from just before it is renamed into
+  to the reader, docs/design.md §2) and times from just before it is renamed into
   ``runtime/exec-processes`` to the ``sessions.changed`` that adds the session;
 * **exit -> notification**: times from just before ``kill()`` to the
   ``sessions.changed`` that removes it (the daemon holds a pidfd per watched
@@ -117,7 +117,7 @@ def run(ctx: Context) -> Outcome:
     trials = ctx.size(quick=3, full=200)
     scratch = ctx.scratch("live")
     home = generate_home(scratch / "home", background, ctx.sleep_pool()).home
-    staging = home / ".staging"  # hidden: the reader never looks (SPEC §2)
+    staging = home / ".staging"  # hidden: the reader never looks (docs/design.md §2)
     exec_dir = home / "runtime" / "exec-processes"
     rng = random.Random(8)
     receipt: list[float] = []

@@ -1,4 +1,4 @@
-"""A client that leaves during a long poll frees its connection (SPEC §7 ``since``)."""
+"""A client that leaves during a long poll frees its connection (docs/design.md §7 ``since``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad-input catalogues, data-driven, through the real daemon (SPEC §3, §5, §6).
+"""Bad-input catalogues, data-driven, through the real daemon (docs/design.md §3, §5, §6).
 
 Traces: each entry puts hostile bytes between good records of a prior
 session and says which works must be reported lost. The daemon must skip
@@ -267,7 +267,7 @@ def test_writers_appending_8_KiB_lines_while_markers_are_appended(
 ) -> None:
     """Writers append while reconciles append markers; no line is fused with another.
 
-    ``kit``: every writer takes the trace's lock (SPEC §9). ``mixed``: half of
+    ``kit``: every writer takes the trace's lock (docs/design.md §9). ``mixed``: half of
     them write bare ``O_APPEND`` lines without the lock. Such a writer can be
     seen mid-write, which looks like a torn tail: the markers then start on a
     fresh line and, once the write completes, that leaves one blank line. A

@@ -1,4 +1,4 @@
-"""The receipt catalogue, data-driven, through the real daemon (SPEC §2, §3, §5).
+"""The receipt catalogue, data-driven, through the real daemon (docs/design.md §2, §3, §5).
 
 Each entry puts one hostile thing where receipts live — in a provider-clients
 directory and in ``runtime/exec-processes`` — beside a good live session.

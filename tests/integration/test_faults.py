@@ -1,4 +1,6 @@
-"""Faults: the daemon killed mid-reconcile, a full or read-only records root (SPEC §6, §8).
+"""Faults: the daemon killed mid-reconcile, a full or read-only records root.
+
+The rules are docs/design.md §6, §8.
 
 Sizes: CI kills the daemon during 8 reconciles; ``CAPSULED_HARDENING_FULL=1``
 during 100. The full and read-only records roots are a small tmpfs mounted
@@ -188,7 +190,8 @@ def test_kill_9_during_reconciles_reports_each_lost_work_exactly_once(short_dir:
             retried = ask(daemon, params)
             again = ask(daemon, params)
             other = ask(daemon, reconcile_params(session, f"ses_other{i}"))
-            # The retry rule (SPEC §6): the same report for the same session, nothing for another.
+            # The retry rule (docs/design.md §6): the same report for the same session,
+            # nothing for another.
             report = retried["result"]
             assert report is not None and lost_ids(report) == lost, (i, retried)
             assert again["result"] == report
@@ -420,7 +423,7 @@ def test_a_store_locked_past_the_busy_timeout_is_unavailable_then_recovers(
     finally:
         if not released:
             writer.close()
-    assert waited_s >= 1.0  # the busy timeout (SPEC §4: at least 1 s) was honoured
+    assert waited_s >= 1.0  # the busy timeout (docs/design.md §4: at least 1 s) was honoured
     record(
         "store_locked",
         {

@@ -1,4 +1,4 @@
-"""``max_age_ms: 0`` forces a new observation, even while one is in flight (SPEC §5, §7).
+"""``max_age_ms: 0`` forces a new observation, even while one is in flight (docs/design.md §5, §7).
 
 Single flight shares a running observation with every request that arrives
 meanwhile; a request with ``max_age_ms: 0`` must not get an answer that an

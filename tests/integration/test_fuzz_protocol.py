@@ -1,4 +1,4 @@
-"""Protocol fuzzing over the real socket of a real daemon (SPEC §7, docs/protocol.md).
+"""Protocol fuzzing over the real socket of a real daemon (docs/design.md §7, docs/protocol.md).
 
 Hypothesis writes what a client may send — random bytes, random JSON, requests
 with every member of the wrong type and every parameter of every method of the

@@ -1,4 +1,4 @@
-"""Live answers against the real daemon with sampling effectively off (SPEC §7).
+"""Live answers against the real daemon with sampling effectively off (docs/design.md §7).
 
 The daemon samples every 60 s here, so every change seen within the test's
 deadlines came from an event: a pidfd reporting an exit, the watcher

@@ -1,4 +1,6 @@
-"""Load on the real daemon: many clients, idle and stuck connections, the cap (SPEC §7, §8).
+"""Load on the real daemon: many clients, idle and stuck connections, the cap.
+
+The rules are docs/design.md §7, §8.
 
 Sizes: CI runs a few thousand requests; ``CAPSULED_HARDENING_FULL=1`` runs
 200 concurrent clients x 500 mixed requests and 500 idle connections. The

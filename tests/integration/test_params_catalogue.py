@@ -1,4 +1,6 @@
-"""Every parameter of every served method, given every JSON type (SPEC §7, docs/protocol.md).
+"""Every parameter of every served method, given every JSON type.
+
+The rules are docs/design.md §7, docs/protocol.md.
 
 The fuzzer draws such requests at random; this catalogue makes sure each
 (method, parameter, value) pair is sent at least once, in every CI run, and

@@ -1,4 +1,4 @@
-"""JSON-RPC 2.0 over the real socket, byte for byte (SPEC §7)."""
+"""JSON-RPC 2.0 over the real socket, byte for byte (docs/design.md §7)."""
 
 from __future__ import annotations
 

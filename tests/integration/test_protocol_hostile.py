@@ -1,4 +1,4 @@
-"""Hostile input over the real socket: every message gets its defined answer (SPEC §7).
+"""Hostile input over the real socket: every message gets its defined answer (docs/design.md §7).
 
 The daemon must never die of its input, and a connection must not be dropped
 without a reply for a message the specification gives an outcome to.

@@ -1,4 +1,7 @@
-"""``session.reconcile`` through the real daemon, the clients and ``capsulectl`` (SPEC §6-§9)."""
+"""``session.reconcile`` through the real daemon, its clients and ``capsulectl`` (§6-§9).
+
+Sections are those of docs/design.md.
+"""
 
 from __future__ import annotations
 

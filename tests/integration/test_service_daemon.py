@@ -1,4 +1,7 @@
-"""The real daemon as a service: one per socket, activation, sd_notify, peers, home (SPEC §8)."""
+"""The real daemon as a service: one per socket, activation, sd_notify, peers, home.
+
+The rules are docs/design.md §8.
+"""
 
 from __future__ import annotations
 
@@ -349,7 +352,7 @@ def test_a_peer_without_a_pid_in_our_namespace_is_served(home: Path, short_dir: 
 
 
 # --------------------------------------------------------------------------
-# The home (SPEC §3)
+# The home (docs/design.md §3)
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o707])

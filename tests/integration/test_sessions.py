@@ -1,4 +1,7 @@
-"""sessions.snapshot and reader.rescan against the real daemon process (SPEC §5, §7, §9)."""
+"""sessions.snapshot and reader.rescan against the real daemon process.
+
+The rules are docs/design.md §5, §7, §9.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def test_a_receipt_written_while_the_daemon_runs_is_seen_without_a_rescan(
 ) -> None:
     home = sampled_daemon.home
     process = pool.start()
-    # New directories owe a rescan (SPEC §5): make them first.
+    # New directories owe a rescan (docs/design.md §5): make them first.
     (home / "runs/run1/inp_a/provider-clients").mkdir(mode=0o700, parents=True)
     (home / "runtime/exec-processes").mkdir(mode=0o700, parents=True)
     with Client(sampled_daemon.socket_path) as client:

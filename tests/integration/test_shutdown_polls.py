@@ -1,4 +1,7 @@
-"""SIGTERM ends long polls and subscriptions at once instead of draining them (SPEC §7, §8)."""
+"""SIGTERM ends long polls and subscriptions at once instead of draining them.
+
+The rules are docs/design.md §7, §8.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""A request is answered by its ``timeout_ms`` even when its observation is stuck (SPEC §5, §7).
+"""A request is answered by its ``timeout_ms`` even when its observation is stuck.
+
+The rules are docs/design.md §5 and §7.
 
 The stuck observation is real: the ownership store in rollback-journal mode
 (as a writer that never asks for WAL leaves it), held with an exclusive lock
 by a writer. Every observation reads the store's version first, so it waits
-the store's busy timeout (1 s at least, SPEC §4) before it answers
+the store's busy timeout (1 s at least, docs/design.md §4) before it answers
 ``unavailable``: a request with a shorter ``timeout_ms`` must not wait that
 long. The observation itself is shared, and goes on.
 """
