@@ -14,6 +14,7 @@ from support import listen_unix
 
 from capsule_client.protocol import NoParams
 from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
+from capsuled.lifecycle import Lifecycle
 from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
@@ -95,8 +96,9 @@ async def test_counts_each_request_and_its_outcome() -> None:
 
 
 async def test_requests_while_shutting_down_are_refused() -> None:
-    dispatcher = Dispatcher(METHODS)
-    dispatcher.shutting_down = True
+    lifecycle = Lifecycle()
+    dispatcher = Dispatcher(METHODS, stopping=lifecycle.is_stopping)
+    lifecycle.request_shutdown()
     reply = await _joined(dispatcher, b'{"jsonrpc":"2.0","id":1,"method":"ping"}')
     assert reply is not None
     assert json.loads(reply)["error"]["code"] == -32005

@@ -177,12 +177,15 @@ class Dispatcher:
         on_request: called once per dispatched request or notification with
             ``(method, outcome, duration_s)``, outcome ``None`` or the error
             code; used for the ``status`` totals and the latency histogram.
+        stopping: whether the daemon is shutting down (the lifecycle's one
+            shutdown state): requests are then answered -32005.
     """
 
     def __init__(
         self,
         methods: Mapping[str, Method],
         on_request: Callable[[str, int | None, float], None] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self._methods = dict(methods)
         self._params = {name: ParamsDecoder(m.params) for name, m in methods.items()}
@@ -192,7 +195,7 @@ class Dispatcher:
         # dispatcher; the per-request record is debug only.
         self._log = log.bind()
         self._log_requests = self._log.is_enabled_for(logging.DEBUG)
-        self.shutting_down = False
+        self._stopping = stopping
 
     async def answer(self, line: bytes) -> ReplyParts | None:
         """The reply to one received line (without its ``\\n``), in parts; ``None``: send nothing.
@@ -303,7 +306,7 @@ class Dispatcher:
             method = self._methods.get(name)
             if method is None:
                 raise _Invalid(METHOD_NOT_FOUND, f"method not found: {name[:200]!r}")
-            if self.shutting_down:
+            if self._stopping():
                 raise ShuttingDown("the daemon is shutting down")
             try:
                 params = self._params[name].decode(envelope.params)

@@ -66,7 +66,7 @@ class Server:
         self._accepted = 0
         self._accept_scope = anyio.CancelScope()
         self._connection_closed = anyio.Event()
-        self._stopping = False
+        self._accepting = True
         self._spare_fd: int | None = None
         self._hang_ups: HangUps | None = None
 
@@ -153,7 +153,7 @@ class Server:
 
     def stop_accepting(self) -> None:
         """Close the listener; connections go on until :meth:`close_idle` or they end."""
-        self._stopping = True
+        self._accepting = False
         self._accept_scope.cancel()
 
     def close_idle(self) -> None:
@@ -224,7 +224,7 @@ class Server:
 
     async def _handle(self, connection: Connection, line: bytes) -> bool:
         """Answer one line and send the reply; whether the connection goes on."""
-        if self._stopping:
+        if not self._accepting:
             return False
         connection.busy = True
         try:
@@ -232,7 +232,7 @@ class Server:
             if reply is not None and not await connection.send_line(*reply):
                 return False
             connection.replied()
-            return not self._stopping  # a busy connection closes after its reply
+            return self._accepting  # a busy connection closes after its reply
         finally:
             connection.busy = False
 

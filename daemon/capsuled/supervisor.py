@@ -111,7 +111,9 @@ class Daemon:
         self.subscriptions = SubscriptionHub(lambda: self.discovery.announced, self.totals)
         self.discovery.add_listener(self.subscriptions.publish)
         self.methods = self._method_table()
-        self.dispatcher = Dispatcher(self.methods, on_request=self._count_request)
+        self.dispatcher = Dispatcher(
+            self.methods, on_request=self._count_request, stopping=self.lifecycle.is_stopping
+        )
         self.server = Server(
             self.dispatcher,
             max_connections=config.max_connections,
@@ -248,12 +250,11 @@ class Daemon:
     async def _drain(self) -> None:
         """Carry the lifecycle's shutdown to each service, then wait for requests in flight.
 
-        The dispatcher answers new requests -32005, discovery ends its long
-        polls, the server stops accepting: each is told here, once, through
-        its own interface.
+        The dispatcher reads the lifecycle and answers new requests -32005;
+        discovery ends its long polls and the server stops accepting, each
+        told here, once, through its own interface.
         """
         log.info("shutting down", in_flight=sum(c.busy for c in self.server.connections))
-        self.dispatcher.shutting_down = True
         # A long poll waits for a change that may not come before its timeout:
         # answered -32005 now, it does not hold the drain (nor do subscriptions:
         # their connections are idle between requests, and close_idle ends them).
