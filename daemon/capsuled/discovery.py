@@ -11,23 +11,18 @@ the home and everything asynchronous around it:
   the watcher's feed or :class:`~capsuled.exits.ExitWatch` wakes it; one
   every ``sample_interval_s`` only where something can change unannounced
   (:attr:`Discovery.needs_sampling`). An idle daemon sleeps (docs/design.md §8);
-* **verification**: every ``verify_interval_s``, a barrier through the watch
-  and then an observation that compares every listed directory and every
-  candidate with what was last seen (docs/design.md §5); what it finds the
+* **verification**: every ``verify_interval_s``, a barrier through the watch,
+  then an observation that verifies (docs/design.md §5); what it finds the
   watch missed is logged at warning and counted in :attr:`verification`;
 * **read-your-writes**: a request with ``max_age_ms: 0`` awaits the watch's
   barrier (``sync``) before it asks for an observation begun after it;
-* **listeners**: each new answer that is not ``scanning`` and whose
-  generation differs from the previous one's goes to every listener
-  (``capsuled.subscriptions``);
+* **publication** (:mod:`capsuled.publication`): each new settled answer
+  goes to every listener (``capsuled.subscriptions``), each new generation
+  wakes the long polls (``since``);
 * **answers**: :meth:`Discovery.snapshot` answers from the latest observation
   when it is young enough and nothing is pending, otherwise observes, and
-  retries ``scanning`` until ``ready`` or the request's deadline; with
-  ``since`` it long-polls for a new generation (ended -32005 by
-  :meth:`Discovery.end_long_polls` when the daemon shuts down). The
-  deadline also bounds the wait for an observation: a stuck one goes on for
-  whoever shares it, and the request gets the latest answer (or -32001 when
-  it set ``max_age_ms`` and the latest is older);
+  retries ``scanning`` until ``ready`` or the request's deadline, which also
+  bounds the wait for a stuck observation (see :meth:`~capsuled.publication.Publication.late`);
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
@@ -76,11 +71,11 @@ from capsule_client.protocol import (
 from . import heap
 from .changes import ChangeFeed
 from .encoded import EncodedAnswer, encoder
-from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
+from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .flight import NotInTime, SingleFlight, Wanted
-from .longpolls import LongPolls
 from .processes import UsageMeter
+from .publication import Publication
 from .reader import (
     GAP_HOME_REPLACED,
     ActiveSessionReader,
@@ -161,11 +156,9 @@ class Discovery:
         self._cancel = threading.Event()
         self._generations = Generations(run_base())
         self._reader = self._new_reader()
-        self._latest: ActiveSessionsSnapshot | None = None
+        self._pub = Publication()
         self._encoded = EncodedAnswer()
-        self._latest_at = 0.0  # monotonic
         self._single = SingleFlight(self._run, self._cancel.is_set)
-        self._polls = LongPolls(lambda: self._latest)
         self._sampler = Sampler(
             observe=self._sample,
             verify=self._verify,
@@ -176,8 +169,6 @@ class Discovery:
         )
         #: Set once the first observation is done.
         self.first_observation = self._sampler.first_observation
-        self._listeners: list[Callable[[ActiveSessionsSnapshot], None]] = []
-        self._announced: ActiveSessionsSnapshot | None = None
         self._usage = UsageMeter()
         self.exits = ExitWatch(self.wake, max_pidfds=max_pidfds, enabled=exit_events)
         self.changes.listener = self._changed
@@ -193,25 +184,25 @@ class Discovery:
     @property
     def latest(self) -> ActiveSessionsSnapshot | None:
         """The latest observation's answer, None before the first."""
-        return self._latest
+        return self._pub.latest
 
     @property
     def state(self) -> DiscoveryState | None:
         """The latest observation's ``discovery``, None before the first."""
-        return None if self._latest is None else self._latest.discovery
+        return None if self._pub.latest is None else self._pub.latest.discovery
 
     @property
     def last_cost(self) -> DiscoveryCost | None:
-        return None if self._latest is None else self._latest.cost
+        return None if self._pub.latest is None else self._pub.latest.cost
 
     @property
     def last_observed_at(self) -> float | None:
-        return None if self._latest is None else self._latest.observed_at
+        return None if self._pub.latest is None else self._pub.latest.observed_at
 
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""
-        notes = [] if self._latest is not None else ["no observation yet"]
+        notes = [] if self._pub.latest is not None else ["no observation yet"]
         if self.watcher_mode == "off":
             notes.append(NO_WATCHER_NOTE)
         return [*notes, *self.exits.notes]
@@ -228,11 +219,11 @@ class Discovery:
     @property
     def announced(self) -> ActiveSessionsSnapshot | None:
         """The latest answer given to listeners: settled (not ``scanning``)."""
-        return self._announced
+        return self._pub.announced
 
     def add_listener(self, listener: Callable[[ActiveSessionsSnapshot], None]) -> None:
         """Call ``listener`` (on the event loop) with each new settled answer."""
-        self._listeners.append(listener)
+        self._pub.add_listener(listener)
 
     def wake(self) -> None:
         """Observe again now instead of at the next sample (see :meth:`Sampler.wake`)."""
@@ -291,7 +282,7 @@ class Discovery:
         that is not ``ready`` (a locked store says nothing when it is freed).
         Otherwise the daemon sleeps until a watch event or an exit.
         """
-        latest = self._latest
+        latest = self._pub.latest
         return (
             self.watcher_mode == "off"
             or self.exits.mode == "sampling"
@@ -337,7 +328,7 @@ class Discovery:
             self._restart_reader(observation)
         if observation.watched is not None:
             self.exits.track(observation.watched)
-        self._publish(observation.snapshot)
+        self._pub.publish(observation.snapshot)
         return observation.snapshot
 
     def _count(self, observation: Observation) -> None:
@@ -346,16 +337,13 @@ class Discovery:
         verified = observation.verified
         if verified is None:
             return
-        found = count_verification(verified, self.verification, self.totals)
-        if found:
-            log.warning(
-                "verification found changes the watch did not report",
-                changes=found,
-                paths=verified.missed[:10],
-                watcher=self.watcher_mode,
-            )
-            if self._on_missed is not None:
-                self._on_missed()
+        count_verification(
+            verified,
+            self.verification,
+            self.totals,
+            watcher=self.watcher_mode,
+            on_missed=self._on_missed,
+        )
 
     def _new_reader(self) -> ActiveSessionReader:
         return ActiveSessionReader(
@@ -374,28 +362,6 @@ class Discovery:
         )
         self._reader.ownership.close()
         self._reader = self._new_reader()
-
-    def _publish(self, snapshot: ActiveSessionsSnapshot) -> None:
-        previous = self._latest
-        if snapshot.discovery == "unavailable" and (
-            previous is None
-            or previous.discovery != "unavailable"
-            or previous.gaps != snapshot.gaps
-        ):
-            log.warning("session discovery unavailable", gaps=snapshot.gaps)
-        elif snapshot.discovery == "ready" and previous and previous.discovery == "unavailable":
-            log.info("session discovery ready again")
-        self._latest = snapshot
-        self._latest_at = time.monotonic()
-        if previous is None or previous.generation != snapshot.generation:
-            self._polls.published()
-        announced = self._announced
-        if snapshot.discovery != "scanning" and (
-            announced is None or announced.generation != snapshot.generation
-        ):
-            self._announced = snapshot
-            for listener in self._listeners:
-                listener(snapshot)
 
     async def _settle(
         self, deadline: float, wanted: Wanted | None = None, *, wait: bool = False
@@ -422,11 +388,11 @@ class Discovery:
     # sessions.snapshot
 
     def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
-        latest = self._latest
+        latest = self._pub.latest
         if (
             latest is None
             or latest.discovery == "scanning"
-            or time.monotonic() - self._latest_at >= max_age_s
+            or time.monotonic() - self._pub.latest_at >= max_age_s
             or (self.watcher_mode != "off" and self.changes)
         ):
             return None
@@ -446,12 +412,9 @@ class Discovery:
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 
-        Joined, the parts are the JSON text; they are sent as they are. They
-        are kept for the latest answer and ``task``: a request for the same
-        again is answered without encoding, and a new answer whose lists did
-        not change re-encodes only the rest (the observed time, the cost),
-        never the megabytes of the lists. An answer with ``usage`` is
-        measured for its request, so it is encoded for it alone.
+        Joined, the parts are the JSON text; they are sent as they are
+        (:class:`~capsuled.encoded.EncodedAnswer`). An answer with ``usage``
+        is measured for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
         if params.usage:
@@ -481,7 +444,7 @@ class Discovery:
 
         Raises:
             DiscoveryUnavailable: ``timeout_ms`` passed before an observation
-                the request may use ended (see :meth:`_late`).
+                the request may use ended (see :meth:`Publication.late`).
             ShuttingDown: the daemon is stopping; a long poll ends with it.
         """
         arrived_at = time.monotonic()
@@ -496,51 +459,24 @@ class Discovery:
         answer = self._fresh(max_age_s)
         if answer is None:
             wanted = self._single.wanted(arrived_at, max_age_s)
-            answer = await self._settle(deadline, wanted, wait=True) or self._late(params)
+            answer = await self._settle(deadline, wanted, wait=True) or self._pub.late(params)
         if params.since is not None:
-            answer = await self._polls.wait_for_change(params.since, answer, deadline)
+            answer = await self._pub.wait_for_change(params.since, answer, deadline)
         return answer
-
-    def _late(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """The answer when ``timeout_ms`` passed while the request waited for an observation.
-
-        The observation goes on (others share it); the request gets, by its
-        deadline, the latest observation's answer (its ``observed_at`` tells
-        its age) -- as a request whose observations stayed ``scanning`` gets
-        the last of them. A request that set ``max_age_ms`` gets it only if it
-        is younger than that (so never with ``max_age_ms: 0``); otherwise, or
-        before the first observation, -32001.
-
-        Raises:
-            DiscoveryUnavailable: no answer fits (the message says the
-                observation did not finish within ``timeout_ms``).
-        """
-        latest = self._latest
-        if latest is not None and (
-            params.max_age_ms is None
-            or time.monotonic() - self._latest_at < params.max_age_ms / 1000
-        ):
-            return latest
-        raise DiscoveryUnavailable(
-            "discovery unavailable: the observation did not finish within timeout_ms "
-            f"({params.timeout_ms} ms); it goes on, ask again"
-        )
 
     async def next_answer(self) -> None:
         """Return once an answer with a new generation is published."""
-        await self._polls.next_answer()
+        await self._pub.next_answer()
 
     @property
     def long_polls(self) -> int:
         """``since`` long polls waiting for a change now (shown in ``status``)."""
-        return self._polls.waiting
+        return self._pub.waiting
 
     def end_long_polls(self) -> None:
         """End every ``since`` long poll that waits for a change, and any that starts later.
 
         They are answered -32005 at once instead of holding the shutdown's
-        drain until their ``timeout_ms`` (docs/design.md §8 finishes requests in
-        flight; a long poll has nothing more to wait for). A change that
-        arrived before still answers its poll.
+        drain until their ``timeout_ms`` (docs/design.md §8).
         """
-        self._polls.end()
+        self._pub.end_long_polls()

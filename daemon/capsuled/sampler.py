@@ -17,12 +17,15 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.from_thread
+import structlog
 
 from capsule_client.protocol import StatusTotals, VerificationStatus
 
 from .reader import Verified
 
 __all__ = ["Sampler", "count_verification"]
+
+log = structlog.get_logger("capsuled.discovery")
 
 
 class Sampler:
@@ -109,8 +112,19 @@ class Sampler:
                     await self._verify()
 
 
-def count_verification(verified: Verified, status: VerificationStatus, totals: StatusTotals) -> int:
-    """Count one verification run into ``status`` and ``totals``; return the changes it found."""
+def count_verification(
+    verified: Verified,
+    status: VerificationStatus,
+    totals: StatusTotals,
+    *,
+    watcher: str,
+    on_missed: Callable[[], None] | None,
+) -> None:
+    """Count one verification run into ``status`` and ``totals``.
+
+    Changes it found the watch missed are logged at warning, and
+    ``on_missed`` is called (the watch rechecks itself).
+    """
     found = len(verified.missed)
     totals.verifications += 1
     totals.verification_changes += found
@@ -119,4 +133,12 @@ def count_verification(verified: Verified, status: VerificationStatus, totals: S
     status.last_at = time.time()
     status.last_changes = found
     status.last_checked = verified.checked
-    return found
+    if found:
+        log.warning(
+            "verification found changes the watch did not report",
+            changes=found,
+            paths=verified.missed[:10],
+            watcher=watcher,
+        )
+        if on_missed is not None:
+            on_missed()
