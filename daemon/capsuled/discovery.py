@@ -54,7 +54,6 @@ from typing import Final
 
 import anyio
 import anyio.from_thread
-import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
@@ -69,22 +68,19 @@ from capsule_client.protocol import (
 )
 
 from . import heap
+from .answers import Answers
 from .changes import ChangeFeed
-from .encoded import EncodedAnswer, encoder
 from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
-from .flight import NotInTime, SingleFlight, Wanted
-from .processes import UsageMeter
+from .flight import SingleFlight, Wanted
 from .publication import Publication
 from .reader import (
-    GAP_HOME_REPLACED,
     ActiveSessionReader,
     Generations,
     Observation,
     run_base,
 )
 from .sampler import Sampler, count_verification
-from .usage import with_usage
 
 __all__ = ["NO_WATCHER_NOTE", "Discovery"]
 
@@ -99,10 +95,6 @@ def _observe(reader: ActiveSessionReader, verify_barrier_ns: int | None) -> Obse
     if observation.snapshot.cost.rescans:
         heap.trim()  # the walk's garbage
     return observation
-
-
-#: Pause between two attempts of an observation that answered ``scanning``.
-_RETRY_PAUSE_S: Final = 0.005
 
 
 class Discovery:
@@ -157,7 +149,6 @@ class Discovery:
         self._generations = Generations(run_base())
         self._reader = self._new_reader()
         self._pub = Publication()
-        self._encoded = EncodedAnswer()
         self._single = SingleFlight(self._run, self._cancel.is_set)
         self._sampler = Sampler(
             observe=self._sample,
@@ -169,7 +160,13 @@ class Discovery:
         )
         #: Set once the first observation is done.
         self.first_observation = self._sampler.first_observation
-        self._usage = UsageMeter()
+        self._answers = Answers(
+            self._single,
+            self._pub,
+            default_max_age_s=self._default_max_age_s,
+            pending=lambda: self.watcher_mode != "off" and bool(self.changes),
+            sync=sync,
+        )
         self.exits = ExitWatch(self.wake, max_pidfds=max_pidfds, enabled=exit_events)
         self.changes.listener = self._changed
 
@@ -267,7 +264,7 @@ class Discovery:
     async def _sample(self) -> None:
         """One sampler observation, retried while ``scanning`` up to a sample interval."""
         try:
-            await self._settle(time.monotonic() + self.sample_interval_s)
+            await self._single.settle(time.monotonic() + self.sample_interval_s)
         except InternalError:
             pass  # logged with its traceback where it happened
         except ShuttingDown:
@@ -291,6 +288,15 @@ class Discovery:
             or latest.discovery != "ready"
         )
 
+    def _default_max_age_s(self) -> float:
+        """How old an answer may be without ``max_age_ms``, seconds.
+
+        Any age while the watch and the exit events keep the latest answer
+        current (nothing pending is checked apart); the sample interval
+        where something can change unannounced (:attr:`needs_sampling`).
+        """
+        return self.sample_interval_s if self.needs_sampling else math.inf
+
     async def _verify(self) -> None:
         """One verification run: a barrier through the watch, then an observation that verifies."""
         barrier_ns = time.time_ns()
@@ -299,7 +305,7 @@ class Discovery:
         self._verify_barrier_ns = barrier_ns
         wanted = self._single.wanted(time.monotonic(), 0.0)
         try:
-            await self._settle(time.monotonic() + self.sample_interval_s, wanted)
+            await self._single.settle(time.monotonic() + self.sample_interval_s, wanted)
         except InternalError:
             pass  # logged with its traceback where it happened
 
@@ -363,106 +369,16 @@ class Discovery:
         self._reader.ownership.close()
         self._reader = self._new_reader()
 
-    async def _settle(
-        self, deadline: float, wanted: Wanted | None = None, *, wait: bool = False
-    ) -> ActiveSessionsSnapshot | None:
-        """Observe until the answer is not ``scanning`` (nor a home just replaced),
-        or ``deadline`` (monotonic) passes; return the last answer.
-
-        With ``wait`` false (the sampler), an observation is always waited for
-        to its end; with ``wait`` true (a request), waiting ends at
-        ``deadline`` too, and None is returned if no observation ended by then.
-        """
-        answer: ActiveSessionsSnapshot | None = None
-        while True:
-            try:
-                answer = await self.observe(wanted, deadline=deadline if wait else math.inf)
-            except NotInTime:
-                return answer
-            retry = answer.discovery == "scanning" or answer.gaps == [GAP_HOME_REPLACED]
-            if not retry or time.monotonic() >= deadline:
-                return answer
-            await anyio.sleep(_RETRY_PAUSE_S)
-
     # ----------------------------------------------------------------------
     # sessions.snapshot
 
-    def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
-        latest = self._pub.latest
-        if (
-            latest is None
-            or latest.discovery == "scanning"
-            or time.monotonic() - self._pub.latest_at >= max_age_s
-            or (self.watcher_mode != "off" and self.changes)
-        ):
-            return None
-        return latest
-
-    def _max_age_s(self, params: SnapshotParams) -> float:
-        """How old an answer ``params`` accepts, seconds.
-
-        By default any age while the watch and the exit events keep the latest
-        answer current (nothing pending is checked apart); the sample interval
-        where something can change unannounced (:attr:`needs_sampling`).
-        """
-        if params.max_age_ms is not None:
-            return params.max_age_ms / 1000
-        return self.sample_interval_s if self.needs_sampling else math.inf
-
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
-        """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
-
-        Joined, the parts are the JSON text; they are sent as they are
-        (:class:`~capsuled.encoded.EncodedAnswer`). An answer with ``usage``
-        is measured for its request, so it is encoded for it alone.
-        """
-        answer = await self._answer(params)
-        if params.usage:
-            measured = await with_usage(answer, self._usage)
-            return (encoder.encode(msgspec.structs.replace(measured, task=params.task)),)
-        return self._encoded.parts(answer, params.task)
+        """:meth:`snapshot` as JSON parts (:meth:`capsuled.answers.Answers.snapshot_json`)."""
+        return await self._answers.snapshot_json(params)
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """Answer ``sessions.snapshot`` (docs/design.md §7).
-
-        From the latest observation if it is younger than ``max_age_ms``
-        (default: the sample interval) and nothing is pending; otherwise an
-        observation that began no longer than ``max_age_ms`` before the
-        request arrived (shared; ``max_age_ms: 0``: one that began after it),
-        retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
-        ``since``: at once if the generation differs, else wait for a new one
-        up to ``timeout_ms``. An ``unavailable`` answer is returned as it is,
-        its gaps saying why.
-        """
-        answer = await self._answer(params)
-        if params.usage:
-            answer = await with_usage(answer, self._usage)
-        return msgspec.structs.replace(answer, task=params.task)
-
-    async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """The observation that answers ``params``, as published (its ``task`` not set).
-
-        Raises:
-            DiscoveryUnavailable: ``timeout_ms`` passed before an observation
-                the request may use ended (see :meth:`Publication.late`).
-            ShuttingDown: the daemon is stopping; a long poll ends with it.
-        """
-        arrived_at = time.monotonic()
-        deadline = arrived_at + params.timeout_ms / 1000
-        max_age_s = self._max_age_s(params)
-        if max_age_s == 0 and self._sync is not None:
-            # Read-your-writes: once the barrier passed, every change made
-            # before the request is fed; only an observation begun after it serves.
-            with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
-                await self._sync()
-            arrived_at = time.monotonic()
-        answer = self._fresh(max_age_s)
-        if answer is None:
-            wanted = self._single.wanted(arrived_at, max_age_s)
-            answer = await self._settle(deadline, wanted, wait=True) or self._pub.late(params)
-        if params.since is not None:
-            answer = await self._pub.wait_for_change(params.since, answer, deadline)
-        return answer
+        """Answer ``sessions.snapshot`` (:meth:`capsuled.answers.Answers.snapshot`)."""
+        return await self._answers.snapshot(params)
 
     async def next_answer(self) -> None:
         """Return once an answer with a new generation is published."""

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 import anyio
 import structlog
@@ -22,11 +23,14 @@ from anyio.abc import TaskGroup
 from capsule_client.protocol import ActiveSessionsSnapshot
 
 from .errors import InternalError, ShuttingDown
-from .reader import ObservationCancelled
+from .reader import GAP_HOME_REPLACED, ObservationCancelled
 
 __all__ = ["Flight", "NotInTime", "SingleFlight", "Wanted"]
 
 log = structlog.get_logger("capsuled.discovery")
+
+#: Pause between two attempts of an observation that answered ``scanning``.
+_RETRY_PAUSE_S: Final = 0.005
 
 
 class Flight:
@@ -134,6 +138,30 @@ class SingleFlight:
         if flight.error is None or isinstance(flight.error, ObservationCancelled):
             raise ShuttingDown("shutting down: the observation was cancelled")
         raise InternalError(f"observation failed: {flight.error!r}") from flight.error
+
+    async def settle(
+        self, deadline: float, wanted: Wanted | None = None, *, wait: bool = False
+    ) -> ActiveSessionsSnapshot | None:
+        """Observe until the answer is not ``scanning`` (nor a home just replaced),
+        or ``deadline`` (monotonic) passes; return the last answer.
+
+        With ``wait`` false (the sampler), an observation is always waited for
+        to its end; with ``wait`` true (a request), waiting ends at
+        ``deadline`` too, and None is returned if no observation ended by then.
+
+        Raises:
+            ShuttingDown, InternalError: as :meth:`observe`.
+        """
+        answer: ActiveSessionsSnapshot | None = None
+        while True:
+            try:
+                answer = await self.observe(wanted, deadline=deadline if wait else math.inf)
+            except NotInTime:
+                return answer
+            retry = answer.discovery == "scanning" or answer.gaps == [GAP_HOME_REPLACED]
+            if not retry or time.monotonic() >= deadline:
+                return answer
+            await anyio.sleep(_RETRY_PAUSE_S)
 
     async def _fly(self, flight: Flight) -> None:
         try:
