@@ -111,27 +111,9 @@ class Walk:
         grows with directories and candidates, not with stale receipts.
         A difference older than ``barrier_ns`` (Unix ns) is one the watch missed.
         """
-        checked = 0
-        missed: list[str] = []
         older = barrier_ns - RACY_MARGIN_NS
-        for parts in ((RUNS,), EXEC_PARTS):  # a root that was missing at its last walk
-            root = self.home.join(*parts)
-            checked += 1
-            if root not in self.listings and self._is_real_directory(parts):
-                self.rescan = True  # what a change to it asks, as an event would
-                if _older_than(root, older):
-                    missed.append(root)
-        for directory in self.listings.paths():
-            self.receipts.check_cancelled()
-            checked += 1
-            differing = self.listings.differing(directory, barrier_ns, self._matters)
-            for path, racy in differing or ():
-                before = self.changes()
-                self.apply(path)
-                # A change during this run (its entry's own stamps are young)
-                # is still on its way through the watch: not a miss.
-                if self.changes() != before and not racy and _older_than(path, older):
-                    missed.append(path)
+        missed: list[str] = []
+        checked = self._verify_listings(barrier_ns, missed)
         for path in self.errors.directories():
             checked += 1
             if not os.path.lexists(path):  # a directory's error, the directory gone
@@ -147,6 +129,51 @@ class Walk:
                 missed.append(path)
         self.receipts.recheck_servers()
         return Verified(checked, sorted(set(missed)))
+
+    def _verify_listings(self, barrier_ns: int, missed: list[str]) -> int:
+        """The roots and every listed directory compared; what differs read. Returns the count."""
+        checked = 0
+        older = barrier_ns - RACY_MARGIN_NS
+        for parts in ((RUNS,), EXEC_PARTS):  # a root that was missing at its last walk
+            root = self.home.join(*parts)
+            checked += 1
+            if root not in self.listings and self._is_real_directory(parts):
+                self.rescan = True  # what a change to it asks, as an event would
+                if _older_than(root, older):
+                    missed.append(root)
+        for directory in self.listings.paths():
+            self.receipts.check_cancelled()
+            checked += 1
+            differing = self.listings.differing(directory, barrier_ns, self._matters)
+            for path, racy in differing or ():
+                if self._listed_as_is(path):
+                    continue  # its own listing is compared in this loop (or was just taken)
+                before = self.changes()
+                self.apply(path)
+                # A change during this run (its entry's own stamps are young)
+                # is still on its way through the watch: not a miss.
+                if self.changes() != before and not racy and _older_than(path, older):
+                    missed.append(path)
+        return checked
+
+    def _listed_as_is(self, path: str) -> bool:
+        """Whether ``path`` is a directory listed already, by the inode it has now.
+
+        A directory the watch reported was listed then, but its parent's
+        listing still lacks it: the parent differs at the next verification.
+        Listing it again from there would find changes made after the
+        barrier inside it, yet judge their age by the directory's own stamps
+        (an in-place rewrite of a receipt leaves them old): a false miss. Its
+        own listing and its candidates are compared in this run anyway.
+        """
+        listed = self.listings.inode(path)
+        if listed is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and st.st_ino == listed
 
     def _is_real_directory(self, parts: Parts) -> bool:
         """Whether ``parts`` is a directory reached from the home through no symlink."""
