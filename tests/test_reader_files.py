@@ -276,7 +276,7 @@ def test_a_receipt_arriving_during_the_observation_means_scanning(world: World) 
         world.feed.add([path2])
 
     # Check 1: the observation starts; check 2: reading exe_1.json.
-    world.reader._cancel = CheckHook(2, second_receipt_arrives)
+    world.reader._receipts._cancel = CheckHook(2, second_receipt_arrives)
     snapshot = world.observe()
     assert snapshot.discovery == "scanning"
     assert snapshot.gaps[-1] == GAP_MOVED
@@ -291,7 +291,7 @@ def test_a_rescan_requested_during_the_observation_means_catching_up(world: Worl
     process = world.pool.start()
     world.ready()
     world.feed.add([world.exec_receipt("exe_1", process.pid)])
-    world.reader._cancel = CheckHook(2, world.feed.request_rescan)
+    world.reader._receipts._cancel = CheckHook(2, world.feed.request_rescan)
     snapshot = world.observe()
     assert snapshot.discovery == "scanning"
     assert snapshot.gaps[-1] == GAP_CATCHING_UP

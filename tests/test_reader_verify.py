@@ -160,3 +160,27 @@ def test_a_symlink_made_without_an_event_changes_nothing(world: World) -> None:
     while answer.discovery == "scanning":
         answer = reader.observe().snapshot
     assert [p.pid for p in answer.unowned] == [p.pid for p in before.unowned]
+
+
+def test_a_reported_run_rewritten_after_the_barrier_is_not_a_miss(world: World) -> None:
+    """The watch reported a new run, so it was listed then, but the listing of ``runs``
+    still lacks it: the next verification finds ``runs`` differing. A receipt in the run
+    rewritten in place after the barrier is a young change, not one the watch missed."""
+    process = world.pool.start()
+    reader = trusting(world)
+    reader.observe()
+    path = world.client_receipt("inp_a", process.pid, provider="one")
+    run = world.home / "runs" / "run1"
+    for directory in (path.parent, path.parent.parent, run, run.parent):
+        age(directory)
+    world.feed.add([run])
+    assert [p.provider for p in reader.observe().snapshot.unowned] == ["one"]
+
+    barrier_ns = time.time_ns() + RACY_MARGIN_NS + 1  # every change so far is older
+    path.write_bytes(path.read_bytes().replace(b'"one"', b'"two"'))  # in place: same inode
+    later = (barrier_ns + 1_000_000_000) / 1e9  # the rewrite's mtime: after the barrier
+    os.utime(path, (later, later))
+    verified = verify(reader, barrier_ns)
+    assert verified.verified is not None
+    assert verified.verified.missed == []
+    assert [p.provider for p in verified.snapshot.unowned] == ["two"]

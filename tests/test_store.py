@@ -161,7 +161,9 @@ def test_busy_timeout_below_one_second_is_refused(db: Path) -> None:
         OwnershipReader(db, busy_timeout_s=0.5)
 
 
-def test_reads_tables_only_when_the_data_version_moved_or_keys_are_new(db: Path) -> None:
+def test_each_question_reads_the_keys_asked_and_sees_every_commit(db: Path) -> None:
+    # The store keeps no cache of its own: the reader asks only what is new
+    # while the version stays (tests/test_reader_incremental.py counts that).
     with OwnershipStore(db) as store:
         store.register_session("ses_a", context_id="ctx_a")
         store.register_input("inp_a", "ses_a")
@@ -169,13 +171,16 @@ def test_reads_tables_only_when_the_data_version_moved_or_keys_are_new(db: Path)
     try:
         first = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
         assert first.inputs == {"inp_a": "ses_a"} and reader.queries == 1
+        assert first.contexts == {"ses_a": "ctx_a"}
         again = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
-        assert again == first and reader.queries == 1  # nothing written: the cache answers
-        reader.session_process_ownership(["inp_a"], [], [10, 12])  # one new key: one query
-        assert reader.queries == 2
+        assert again == first and reader.queries == 2
+        nothing = reader.session_process_ownership([], [], [])
+        assert nothing == Ownership() and reader.queries == 2  # no key: no table read
+        version = reader.version()
         with OwnershipStore(db) as store:
             store.register_session("ses_b", context_id="ctx_b")
             store.register_input("inp_b", "ses_b")
+        assert reader.version() != version
         after = reader.session_process_ownership(["inp_a", "inp_b"], [], [10, 11])
         assert after.inputs == {"inp_a": "ses_a", "inp_b": "ses_b"}
         assert after.contexts == {"ses_a": "ctx_a", "ses_b": "ctx_b"}

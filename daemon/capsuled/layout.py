@@ -7,6 +7,7 @@ parts relative to the home (the home itself is ``()``).
 
 from __future__ import annotations
 
+import enum
 from typing import Final, TypeAlias
 
 __all__ = [
@@ -15,9 +16,13 @@ __all__ = [
     "RUNS",
     "SERVERS_PARTS",
     "STORE_FILES",
+    "Action",
+    "Kind",
     "Parts",
+    "action",
     "entered",
     "reader_cares",
+    "receipt_kind",
     "walked",
 ]
 
@@ -54,15 +59,79 @@ def entered(parts: Parts) -> bool:
     return parts in ((), ("runtime",)) or walked(parts)
 
 
+class Kind(enum.Enum):
+    """The two kinds of receipt (docs/design.md §2)."""
+
+    PROVIDER_CLIENT = "provider_client"
+    EXEC = "exec"
+
+
+class Action(enum.Enum):
+    """What a change at a path asks of the reader (the original ``reconcile``)."""
+
+    IGNORE = enum.auto()  # can never change an answer
+    RESCAN = enum.auto()  # a root on the way to the receipts: walk from scratch
+    SERVERS = enum.auto()  # the servers registry: read it again
+    WALK = enum.auto()  # a walked directory below ``runs``: list it again
+    PROVIDER_CLIENT = enum.auto()  # a provider-client receipt: read it
+    EXEC = enum.auto()  # an exec receipt: read it
+
+
+def receipt_kind(parts: Parts) -> Kind | None:
+    """The kind of receipt at ``parts``, or None for no receipt's place (docs/design.md §2).
+
+    ``runs/<run>/<input>/provider-clients/<name>.json`` and
+    ``runtime/exec-processes/<name>.json``; no part may start with ``.``.
+    """
+    name = parts[-1] if parts else ""
+    if not name.endswith(".json") or name.startswith("."):
+        return None
+    if len(parts) == 3 and parts[:2] == EXEC_PARTS:
+        return Kind.EXEC
+    if (
+        len(parts) == 5
+        and parts[0] == RUNS
+        and parts[3] == PROVIDER_CLIENTS
+        and not parts[1].startswith(".")
+        and not parts[2].startswith(".")
+    ):
+        return Kind.PROVIDER_CLIENT
+    return None
+
+
+def action(parts: Parts | None) -> Action:
+    """What a change at ``parts`` asks of the reader (None: a path outside the home).
+
+    A path outside the home, the home, ``runs``, ``runtime`` and
+    ``runtime/exec-processes`` ask for a walk from scratch; names starting
+    with ``.`` are invisible anywhere in the path.
+    """
+    if parts is None:
+        return Action.RESCAN
+    if any(part.startswith(".") for part in parts):
+        return Action.IGNORE
+    if parts in ((), (RUNS,), ("runtime",), EXEC_PARTS):
+        return Action.RESCAN
+    if parts == SERVERS_PARTS:
+        return Action.SERVERS
+    kind = receipt_kind(parts)
+    if kind is Kind.EXEC:
+        return Action.EXEC
+    if kind is Kind.PROVIDER_CLIENT:
+        return Action.PROVIDER_CLIENT
+    if parts[0] == RUNS and walked(parts):
+        return Action.WALK
+    return Action.IGNORE
+
+
 def reader_cares(parts: Parts) -> bool:
-    """Whether a change at ``parts`` can matter to the reader.
+    """Whether a change at ``parts`` can matter to the reader (what the watch reports).
 
     The reader reads receipts in two places and the servers registry; a
     change to a directory on the way to them makes it walk that directory.
     Everything else (the store, traces, the socket, ``manifest.json``,
     anything below a provider-clients directory or an exec receipt) is noise
-    that can never change an answer. Names starting with ``.`` are invisible
-    anywhere in the path.
+    that can never change an answer: :func:`action` says ``IGNORE``.
 
     Returns:
         ``True`` for ``runs``, ``runs/<run>``, ``runs/<run>/<input>``,
@@ -70,21 +139,4 @@ def reader_cares(parts: Parts) -> bool:
         ``runtime/exec-processes``, ``runtime/exec-processes/*.json`` and
         ``runtime/opencode-servers.json``; ``False`` otherwise (the home too).
     """
-    if not parts or any(part.startswith(".") for part in parts):
-        return False
-    depth = len(parts)
-    if parts[0] == RUNS:
-        if depth <= 3:
-            return True
-        if parts[3] != PROVIDER_CLIENTS:
-            return False
-        return depth == 4 or (depth == 5 and parts[4].endswith(".json"))
-    if parts[0] == "runtime":
-        if depth == 1:
-            return True
-        if parts[1] == SERVERS_PARTS[1]:
-            return depth == 2
-        if parts[1] != EXEC_PARTS[1]:
-            return False
-        return depth == 2 or (depth == 3 and parts[2].endswith(".json"))
-    return False
+    return bool(parts) and action(parts) is not Action.IGNORE

@@ -63,6 +63,11 @@ class Listings:
     def paths(self) -> list[str]:
         return list(self._by_path)
 
+    def inode(self, path: str) -> int | None:
+        """The inode ``path`` had when it was listed; None if it is not listed."""
+        listing = self._by_path.get(path)
+        return None if listing is None else listing.signature[0]
+
     def differing(
         self, path: str, barrier_ns: int, matters: Callable[[str], bool]
     ) -> list[tuple[str, bool]] | None:

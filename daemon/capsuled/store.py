@@ -7,13 +7,10 @@ answer in one read transaction. The connection is reopened when the file
 at the path is another one (replaced, or created after being missing).
 
 Change detection: ``PRAGMA data_version`` on that connection changes
-exactly when another connection committed. Answers are cached per key
-(input id, exec id, pid, session); while the data version stays the same,
-only keys not asked before are queried, so an observation in which nothing
-was written costs two pragmas. The check is made inside the read
-transaction, whose snapshot is the one the cached keys came from, so the
-stability check of docs/design.md §5 step 4 (query again, compare) still sees every
-commit that lands during an observation.
+exactly when another connection committed. Nothing is cached here: each
+question reads the keys asked, and the reader (``capsuled.reader.ownership``)
+asks only what it was not asked before while the version stays the same, so
+an observation in which nothing was written costs two pragmas.
 
 A persistent connection matters for a second reason: opening and closing a
 WAL database, even read-only, modifies its ``-wal`` and ``-shm`` files, and
@@ -105,12 +102,7 @@ class OwnershipReader:
         self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
         self._db: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
-        self._data_version: int | None = None
-        self._inputs: dict[str, str | None] = {}
-        self._execs: dict[str, str | None] = {}
-        self._processes: dict[int, list[tuple[int, str]]] = {}
-        self._contexts: dict[str, str | None] = {}
-        #: Queries that read tables (not answered from the cache alone).
+        #: Questions that read tables.
         self.queries = 0
 
     def close(self) -> None:
@@ -119,11 +111,6 @@ class OwnershipReader:
             self._db.close()
         self._db = None
         self._identity = None
-        self._forget()
-
-    def _forget(self) -> None:
-        self._data_version = None
-        self._inputs, self._execs, self._processes, self._contexts = {}, {}, {}, {}
 
     def version(self) -> StoreVersion:
         """A value that differs whenever the store may have changed since the last call.
@@ -160,9 +147,8 @@ class OwnershipReader:
     ) -> Ownership:
         """Which session owns each of the given input ids, exec ids and pids.
 
-        Only the keys asked are read (and of those, only the ones not cached
-        under the current data version); long key lists are split into
-        chunks of :data:`CHUNK_SIZE`. A missing store means nobody owns
+        Only the keys asked are read, in one read transaction; long key lists
+        are split into chunks of :data:`CHUNK_SIZE`. A missing store means nobody owns
         anything: the answer is empty, with a gap saying so.
 
         Raises:
@@ -183,7 +169,7 @@ class OwnershipReader:
             db = self._connect((st.st_dev, st.st_ino))
             db.execute("BEGIN")
             try:
-                self._refresh(db, *asked)
+                answer = self._read(db, *asked)
             finally:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -192,7 +178,7 @@ class OwnershipReader:
         except StoreUnavailable:
             self.close()
             raise
-        return self._answer(*asked)
+        return answer
 
     def _connect(self, identity: tuple[int, int]) -> sqlite3.Connection:
         if self._db is not None and self._identity == identity:
@@ -229,32 +215,22 @@ class OwnershipReader:
                     f"ownership store {self.path} cannot be opened: {name} is not a regular file"
                 )
 
-    def _refresh(
+    def _read(
         self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]
-    ) -> None:
-        """Inside a read transaction: drop the cache if anyone committed, read what is missing."""
+    ) -> Ownership:
+        """Inside a read transaction: the owners of the keys asked, and their contexts."""
         (version,) = db.execute("PRAGMA user_version").fetchone()  # starts the read
         if version != USER_VERSION:
             raise StoreUnavailable(
                 f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
             )
-        (data_version,) = db.execute("PRAGMA data_version").fetchone()
-        if data_version != self._data_version:
-            self._forget()
-            self._data_version = data_version
-        missing_inputs = [key for key in inputs if key not in self._inputs]
-        missing_execs = [key for key in execs if key not in self._execs]
-        missing_pids = [pid for pid in pids if pid not in self._processes]
-        if not (missing_inputs or missing_execs or missing_pids):
-            return
+        if not (inputs or execs or pids):
+            return Ownership()
         self.queries += 1
-        self._inputs.update(dict.fromkeys(missing_inputs))
-        self._inputs.update(self._select(db, "session_inputs", "input_id", missing_inputs))
-        self._execs.update(dict.fromkeys(missing_execs))
-        self._execs.update(self._select(db, "session_execs", "exec_id", missing_execs))
-        for pid in missing_pids:
-            self._processes[pid] = []
-        for pid_chunk in _chunks(missing_pids):
+        owned_inputs = dict(self._select(db, "session_inputs", "input_id", inputs))
+        owned_execs = dict(self._select(db, "session_execs", "exec_id", execs))
+        processes: dict[int, list[tuple[int, str]]] = {}
+        for pid_chunk in _chunks(pids):
             marks = ",".join("?" * len(pid_chunk))
             rows = db.execute(
                 "SELECT pid, started_at, session_id FROM session_processes"
@@ -262,34 +238,18 @@ class OwnershipReader:
                 pid_chunk,
             )
             for pid, started_at, session_id in rows:
-                self._processes[pid].append((started_at, session_id))
+                processes.setdefault(pid, []).append((started_at, session_id))
         sessions = sorted(
-            {
-                *(owner for owner in self._inputs.values() if owner is not None),
-                *(owner for owner in self._execs.values() if owner is not None),
-                *(session for rows in self._processes.values() for _, session in rows),
-            }
-            - self._contexts.keys()
+            {*owned_inputs.values(), *owned_execs.values()}
+            | {session for rows in processes.values() for _, session in rows}
         )
+        contexts: dict[str, str | None] = {}
         for chunk in _chunks(sessions):
             marks = ",".join("?" * len(chunk))
             query = f"SELECT session_id, context_id FROM sessions WHERE session_id IN ({marks})"
-            self._contexts.update(dict.fromkeys(chunk))
-            self._contexts.update(db.execute(query, chunk))
-
-    def _answer(self, inputs: list[str], execs: list[str], pids: list[int]) -> Ownership:
-        """The answer for the keys asked, from the cache; the cache keeps only those keys."""
-        self._inputs = {key: self._inputs[key] for key in inputs}
-        self._execs = {key: self._execs[key] for key in execs}
-        self._processes = {pid: self._processes[pid] for pid in pids}
-        owned_inputs = {key: owner for key, owner in self._inputs.items() if owner is not None}
-        owned_execs = {key: owner for key, owner in self._execs.items() if owner is not None}
-        processes = {pid: list(rows) for pid, rows in self._processes.items() if rows}
-        sessions = {*owned_inputs.values(), *owned_execs.values()} | {
-            session for rows in processes.values() for _, session in rows
-        }
-        self._contexts = {key: self._contexts.get(key) for key in sessions}
-        return Ownership(owned_inputs, owned_execs, processes, dict(self._contexts))
+            contexts.update(dict.fromkeys(chunk))
+            contexts.update(db.execute(query, chunk))
+        return Ownership(owned_inputs, owned_execs, processes, contexts)
 
     @staticmethod
     def _select(

@@ -1,0 +1,45 @@
+"""The active-sessions reader: the receipt cache and ``observe`` (docs/design.md §3-§5).
+
+The package is split by job: :mod:`~capsuled.reader.home` (the home's
+identity), :mod:`~capsuled.reader.walk` and :mod:`~capsuled.reader.receipts`
+(walking the receipt places, reading receipts),
+:mod:`~capsuled.reader.candidates` (the live receipts and the pid index),
+:mod:`~capsuled.reader.ownership` (the store's rows),
+:mod:`~capsuled.reader.projection` (candidates, rows and a process sample
+into the answer's lists), :mod:`~capsuled.reader.errors` (the bounded error
+list), :mod:`~capsuled.reader.generations` (numbering answers) and
+:mod:`~capsuled.reader.observe` (one observation, tying them together).
+"""
+
+from __future__ import annotations
+
+from capsuled.reader.candidates import RACY_WINDOW_NS
+from capsuled.reader.errors import (
+    GAP_TOO_MANY_ERRORS,
+    MAX_ERROR_BYTES,
+    MAX_ERRORS,
+    ObservationCancelled,
+)
+from capsuled.reader.generations import Generations, run_base, same_answer
+from capsuled.reader.home import GAP_HOME_REPLACED
+from capsuled.reader.observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
+from capsuled.reader.projection import PROCESS_TOLERANCE_S
+from capsuled.reader.walk import Verified
+
+__all__ = [
+    "GAP_CATCHING_UP",
+    "GAP_HOME_REPLACED",
+    "GAP_MOVED",
+    "GAP_TOO_MANY_ERRORS",
+    "MAX_ERRORS",
+    "MAX_ERROR_BYTES",
+    "PROCESS_TOLERANCE_S",
+    "RACY_WINDOW_NS",
+    "ActiveSessionReader",
+    "Generations",
+    "Observation",
+    "ObservationCancelled",
+    "Verified",
+    "run_base",
+    "same_answer",
+]

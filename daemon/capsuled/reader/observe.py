@@ -1,0 +1,362 @@
+"""The observation: the reader's parts tied together into one answer (docs/design.md §5 steps 1-5).
+
+:class:`ActiveSessionReader` keeps, per home, the receipts that parsed and
+were live at their last read (*candidates*), the paths that could not be read
+or parsed (*errors*), the changed paths the watcher reported (*pending*, via a
+:class:`~capsuled.changes.ChangeFeed`) and whether a full *rescan* is owed.
+An *observation* brings that cache up to date against one fresh process
+sample, asks the ownership store who owns the live receipts and processes,
+checks that nothing moved meanwhile, and projects an
+:class:`~capsule_client.protocol.ActiveSessionsSnapshot`.
+
+Everything here blocks (directory walks, file reads, ``/proc``, SQLite): the
+daemon runs :meth:`ActiveSessionReader.observe` in a worker thread, one at a
+time per reader.
+
+Departures from the original reader, each allowed by docs/design.md §5:
+
+* Step 2 ("re-reads every candidate ... a re-read may be replaced by a
+  ``stat`` check ... as long as the result is the same"): while a watcher
+  feeds the reader (``trust_watcher``), the check is the watcher itself, and
+  only the paths it reported are read; verification (``verify_barrier_ns``)
+  is the net under what a watch may lose. Without one, step 2 re-checks a
+  candidate with ``lstat`` (device, inode, size, ``mtime_ns``, ``ctime_ns``)
+  and re-reads only what changed. A file whose timestamps were within
+  :data:`~capsuled.reader.candidates.RACY_WINDOW_NS` of the moment it was
+  read is re-read anyway, because a later write in the same timestamp tick
+  would leave the same stamps (git's "racy clean" problem). Liveness is
+  re-evaluated against every fresh sample, for the candidates of the pids
+  the sample shows gone or reused.
+* Step 3 asks the store only about what it was not asked before, unless the
+  store's ``PRAGMA data_version`` moved; step 4 compares that version instead
+  of querying again.
+* A pending path that forces a rescan makes *this* observation walk from
+  scratch, instead of answering ``scanning`` first. A changed run directory
+  (``runs/<run>``) does not force one: it is listed from scratch, as a
+  changed input directory is, so a new run costs its own receipts, not a walk
+  of the home.
+* Watcher changes that cannot affect the answer (the store, traces under
+  ``sessions/``, ``manifest.json``, hidden files) are dropped, so a busy trace
+  does not keep the answer ``scanning``.
+* The servers registry is kept whole and its entries' liveness is decided
+  against each observation's sample.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from capsule_client.paths import store_path
+from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
+from capsuled.changes import ChangeFeed
+from capsuled.layout import Action, action
+from capsuled.processes import sample_processes
+from capsuled.reader.candidates import Candidates, wire_text
+from capsuled.reader.errors import Errors, ObservationCancelled, Unavailable
+from capsuled.reader.generations import Generations
+from capsuled.reader.home import Home, HomeReplaced
+from capsuled.reader.ownership import Owners
+from capsuled.reader.projection import Answer, Inputs, Projection
+from capsuled.reader.receipts import ReceiptReader
+from capsuled.reader.walk import Verified, Walk
+from capsuled.store import OwnershipReader, StoreUnavailable, StoreVersion
+
+__all__ = ["GAP_CATCHING_UP", "GAP_MOVED", "ActiveSessionReader", "Observation"]
+
+GAP_MOVED: Final = "session ownership changed during observation; reading again"
+GAP_CATCHING_UP: Final = "session discovery is catching up with file-system changes"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one :meth:`ActiveSessionReader.observe` produced.
+
+    Attributes:
+        snapshot: the answer, its ``generation`` stamped by the reader's
+            :class:`~capsuled.reader.generations.Generations`: two settled
+            answers with the same generation say the same
+            (:func:`~capsuled.reader.generations.same_answer`).
+        home_replaced: the home was replaced or removed since the reader
+            started; the caller should make a fresh reader for the path
+            (passing this reader's ``generations``), log a warning and count it.
+        watched: pid → start time (Unix seconds, from the sample) of every
+            live process the answer rests on: live candidates' pids, the
+            store's processes that matched the sample, live servers. Its
+            exit changes the answer (``capsuled.exits`` watches them). None
+            when the observation could not say (``unavailable``).
+        verified: what a verification found; None when it did not verify.
+    """
+
+    snapshot: ActiveSessionsSnapshot
+    home_replaced: bool = False
+    watched: Mapping[int, float] | None = None
+    verified: Verified | None = None
+
+
+class ActiveSessionReader:
+    """The incremental receipt cache of one home (the original ``ActiveSessionReader``).
+
+    Args:
+        home: the capsule home; resolved to an absolute path without symlinks
+            (give the watcher :attr:`home`, so that its paths match).
+        changes: the feed the watcher fills with changed paths and rescan
+            requests; a fresh, empty one when omitted.
+        ownership: the store reader; ``<home>/capsule.db`` when omitted.
+        cancel: when set, the running observation stops before its next file
+            read and raises :class:`~capsuled.reader.errors.ObservationCancelled`.
+        generations: the answer counter to continue; a new one when omitted.
+        trust_watcher: whether a watcher feeds ``changes`` (may be changed
+            between observations: the daemon sets it from its watcher mode).
+
+    The first observation walks from scratch.
+
+    **Trusting the watcher.** With ``trust_watcher`` set, an observation that
+    is not a rescan reads only the pending paths the watcher reported; the
+    other candidates are not ``stat``-checked (docs/design.md §5 step 2 allows a re-read
+    to be replaced by a check "as long as the result is the same": here that
+    rests on the watcher reporting every write). The watch reports its own
+    losses (an overflow or a lost watch owes a rescan at once); what it may
+    still miss silently (a rewrite through a hard link elsewhere) is found by
+    a verifying observation (``observe(verify_barrier_ns=...)``, docs/design.md
+    §5). Without a watcher (a library user, or ``--watch off``), every
+    observation ``stat``-checks every candidate and errored receipt and
+    re-reads what changed.
+
+    **Incremental observations.** Whatever did not change is not redone:
+    liveness is judged again only for the candidates of pids that are gone or
+    whose start time changed (the pid index); ownership is asked only for
+    what was not asked before, or for everything when the store's version
+    moved (:class:`~capsuled.reader.ownership.Owners`); the projection keeps
+    each list and rebuilds only what moved
+    (:class:`~capsuled.reader.projection.Projection`).
+
+    The stability check (step 4) is then: no relevant path arrived in the
+    feed, the store's version did not change, and (without a trusted
+    watcher) the ``stat`` check found nothing new.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        changes: ChangeFeed | None = None,
+        *,
+        ownership: OwnershipReader | None = None,
+        cancel: threading.Event | None = None,
+        generations: Generations | None = None,
+        trust_watcher: bool = False,
+    ) -> None:
+        self._home = Home(home)
+        self.home = self._home.path
+        self.changes = ChangeFeed() if changes is None else changes
+        self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
+        self.generations = Generations() if generations is None else generations
+        self.trust_watcher = trust_watcher
+        self._cancel = threading.Event() if cancel is None else cancel
+        self._candidates = Candidates()
+        self._errors = Errors()
+        self._receipts = ReceiptReader(self._home, self._candidates, self._errors, self._cancel)
+        self._walk = Walk(self._receipts)
+        self._owners = Owners()
+        self._projection = Projection()
+        self._pending: set[str] = set()
+
+    @property
+    def _cost(self) -> DiscoveryCost:
+        """The current (or latest) observation's cost."""
+        return self._receipts.cost
+
+    def invalidate(self) -> None:
+        """Owe a full rescan: the next observation walks from scratch (``reader.rescan``)."""
+        self.changes.request_rescan()
+
+    def observe(
+        self, task: str | None = None, *, verify_barrier_ns: int | None = None
+    ) -> Observation:
+        """Run one observation (docs/design.md §5 steps 1-5). Blocking: run it in a worker thread.
+
+        Args:
+            task: echoed in the snapshot.
+            verify_barrier_ns: verify too (unless this observation walks from
+                scratch): compare every listed directory and every candidate
+                with what was last seen and re-read what differs. A difference
+                older than this moment (Unix ns; every change before it was
+                fed by the watch) counts as one the watch missed.
+
+        Returns:
+            The observation; ``snapshot.discovery`` is ``ready``, ``scanning``
+            (sessions empty, a gap says why; observe again) or ``unavailable``
+            (the gaps say why).
+
+        Raises:
+            ObservationCancelled: the cancel event was set.
+        """
+        cost = self._receipts.cost = DiscoveryCost()
+        snapshot = ActiveSessionsSnapshot(
+            home=self._home.text,
+            observed_at=0.0,
+            generation=0,
+            task=task,
+            discovery="ready",
+            sessions=[],
+            unowned=[],
+            servers=[],
+            gaps=[],
+            cost=cost,
+        )
+        home_replaced = False
+        watched: dict[int, float] | None = None
+        verified: Verified | None = None
+        try:
+            watched, verified = self._observe_into(snapshot, verify_barrier_ns)
+        except ObservationCancelled:
+            self._owe_rescan()
+            raise
+        except Unavailable as exc:
+            self._owe_rescan()
+            home_replaced = isinstance(exc, HomeReplaced)
+            _unavailable(snapshot, str(exc))
+        except StoreUnavailable as exc:
+            self._owners.forget()
+            _unavailable(snapshot, str(exc))
+        except OSError as exc:
+            self._owe_rescan()
+            _unavailable(snapshot, f"observation failed: {exc}")
+        cost.retained = len(self._candidates)
+        snapshot.gaps = [wire_text(gap) for gap in snapshot.gaps]
+        snapshot.observed_at = time.time()
+        return Observation(self.generations.stamp(snapshot), home_replaced, watched, verified)
+
+    def _observe_into(
+        self, snapshot: ActiveSessionsSnapshot, verify_barrier_ns: int | None
+    ) -> tuple[dict[int, float], Verified | None]:
+        """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on and
+        what a verification found."""
+        version, verified = self._collect(verify_barrier_ns)
+        self._owners.refresh(self.ownership, version, self._candidates, self._receipts.sample)
+        answer = self._projection.project(
+            Inputs(
+                candidates=self._candidates,
+                owners=self._owners,
+                sample=self._receipts.sample,
+                servers=self._receipts.servers,
+                errors=self._errors,
+                home_gap=self._home.missing_gap() if self._home.missing else None,
+            )
+        )
+        snapshot.sessions = answer.sessions
+        snapshot.unowned = answer.unowned
+        snapshot.servers = answer.servers
+        snapshot.gaps = answer.gaps
+        watched = self._watched(answer)
+        moved = self._moved(version)
+        if moved or self._walk.rescan:
+            snapshot.discovery = "scanning"
+            snapshot.sessions = []
+            snapshot.unowned = []
+            snapshot.gaps = [*answer.gaps, GAP_MOVED if moved else GAP_CATCHING_UP]
+        return watched, verified
+
+    def _watched(self, answer: Answer) -> dict[int, float]:
+        """pid → sampled start time of every live process the answer rests on.
+
+        The candidates' pids (from the pid index), the store's processes that
+        matched the sample, the live servers: O(processes), not O(receipts).
+        """
+        sample = self._receipts.sample
+        pids = set(self._candidates.pids())
+        pids.update(p.pid for listed in answer.owned_processes.values() for p in listed)
+        pids.update(server.pid for server in answer.servers)
+        return {pid: sample[pid] for pid in pids if pid in sample}
+
+    def _owe_rescan(self) -> None:
+        """The cache may be half updated: walk from scratch next time, and forget the answer."""
+        self._walk.rescan = True
+        self._projection.forget()
+
+    def _collect(self, verify_barrier_ns: int | None) -> tuple[StoreVersion, Verified | None]:
+        """Steps 1-2: bring the cache up to date against a fresh sample.
+
+        Returns the store's version, taken before anything is asked of it,
+        and what a verification found (None without one).
+        """
+        self._receipts.check_cancelled()
+        if self._home.check():
+            self._walk.rescan = True
+        self._take_changes()
+        self._cost.dirty_paths = len(self._pending)
+        version = self.ownership.version()
+        self._resample()
+        verified = None
+        if self._walk.rescan:
+            self._pending.clear()
+            self._walk.from_scratch()
+            self._resample()
+        else:
+            pending, self._pending = self._pending, set()
+            self._walk.apply_all(pending)
+            if verify_barrier_ns is not None:
+                verified = self._walk.verify(verify_barrier_ns)
+            elif not self.trust_watcher:
+                self._walk.recheck_all()
+        return version, verified
+
+    def _resample(self) -> None:
+        """Take a fresh sample; judge again the candidates of pids that went or were reused."""
+        self._cost.process_samples += 1
+        sample = sample_processes()
+        previous, self._receipts.sample = self._receipts.sample, sample
+        candidates = self._candidates
+        for pid, start in previous.items():
+            if sample.get(pid) == start:
+                continue
+            for key in candidates.of_pid(pid):
+                if not candidates[key].live(sample):
+                    candidates.drop(key)
+
+    def _take_changes(self) -> bool:
+        """Move the feed's relevant paths into ``pending`` and its rescan request into
+        the walk's ``rescan``; True if a path that a re-read can cover arrived."""
+        changes = self.changes.drain()
+        if changes.rescan:
+            self._walk.rescan = True
+        moved = False
+        for raw in changes.paths:
+            path = self._home.unalias(os.path.normpath(os.fspath(raw)))
+            what = action(self._home.parts(path))
+            if what is Action.RESCAN:
+                self._walk.rescan = True
+            elif what is not Action.IGNORE:
+                self._pending.add(path)
+                moved = True
+        return moved
+
+    def _moved(self, version: StoreVersion) -> bool:
+        """Step 4: did candidates, ownership or the file system move during the observation?
+
+        Ownership moved when the store's version is not the one taken before
+        it was asked; candidates moved when (without a trusted watcher) the
+        ``stat`` check changes anything, against the same sample.
+        """
+        moved = False
+        if not self.trust_watcher:
+            before = self._walk.changes()
+            self._walk.recheck_all()
+            moved = self._walk.changes() != before
+        moved |= self.ownership.version() != version
+        moved |= self._take_changes()  # a rescan owed is reported apart: catching up
+        return moved
+
+
+def _unavailable(snapshot: ActiveSessionsSnapshot, gap: str) -> None:
+    """No answer: the one gap says why (not the receipt gaps, which may be 4 MiB)."""
+    snapshot.discovery = "unavailable"
+    snapshot.sessions = []
+    snapshot.unowned = []
+    snapshot.servers = []
+    snapshot.gaps = [gap]

@@ -1,0 +1,260 @@
+"""Projection: candidates, ownership rows and a process sample become the answer's lists.
+
+:meth:`Projection.project` is one step with one input, :class:`Inputs` (the
+candidates with their owners, the store's rows and contexts, the process
+sample, the servers registry, the errors and the home's gap), and one
+output, :class:`Answer`: sessions, unowned processes, live servers and gaps
+(docs/design.md §5 step 3, §7). It is incremental: each owner's receipt
+processes are kept sorted and updated by the moves the candidates journaled,
+and a list nothing changed is the previous one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from capsule_client.protocol import ServerEntry, Session, SessionProcess
+from capsule_client.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
+from capsuled.processes import ProcessSample, matches_start
+from capsuled.reader.candidates import UNASKED, Candidates
+from capsuled.reader.errors import Errors
+from capsuled.reader.ownership import Owners
+
+__all__ = ["PROCESS_TOLERANCE_S", "Answer", "Inputs", "Projection"]
+
+#: A sampled process matches a store row when the start times are this close (docs/design.md §5).
+PROCESS_TOLERANCE_S: Final = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What one projection reads.
+
+    Attributes:
+        candidates: the live receipts with their owners (and the moves since
+            the last projection).
+        owners: the store's rows (pid → ``(started_at, session_id)``),
+            contexts and gaps.
+        sample: pid → start time (Unix seconds) of every process now.
+        servers: the servers registry's entries, live or not.
+        errors: the paths that could not be read.
+        home_gap: the gap of a missing home, None while it exists.
+    """
+
+    candidates: Candidates
+    owners: Owners
+    sample: ProcessSample
+    servers: Sequence[ServerRegistryEntry]
+    errors: Errors
+    home_gap: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The lists of one projection, kept to be answered again while nothing changes.
+
+    ``owned_processes`` is session id → its processes owned by (pid, start
+    time) rows; ``by_id`` session id → its :class:`Session` in ``sessions``.
+    """
+
+    sessions: list[Session]
+    unowned: list[SessionProcess]
+    servers: list[ServerEntry]
+    gaps: list[str]
+    owned_processes: dict[str, list[SessionProcess]]
+    by_id: dict[str, Session]
+
+
+_EMPTY: Final = Answer([], [], [], [], {}, {})
+
+
+class Projection:
+    """The answer's lists, projected again only where what they rest on changed.
+
+    Lists are never changed in place once answered (earlier snapshots keep
+    them): a changed list is a new one.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str | None, list[SessionProcess]] = {}  # owner → receipt processes
+        self._answer: Answer | None = None
+        self._contexts_revision = 0
+        self._gaps_key: tuple[object, ...] | None = None
+
+    def forget(self) -> None:
+        """Build the next answer from scratch (the cache behind it may be half updated)."""
+        self._answer = None
+
+    def project(self, inputs: Inputs) -> Answer:
+        """The answer's lists; the previous ones, where nothing they rest on changed."""
+        candidates, owners = inputs.candidates, inputs.owners
+        dirty = (
+            self._regroup_all(candidates) if candidates.regroup else self._apply_moves(candidates)
+        )
+        if owners.contexts_revision != self._contexts_revision:
+            dirty.update(self._groups)
+            dirty.add("")  # the session list is built again even if no group remains
+            self._contexts_revision = owners.contexts_revision
+        owned_processes = _owned_processes(owners.rows, inputs.sample)
+        servers = _live_servers(inputs.servers, inputs.sample)
+        gaps_key = (
+            inputs.home_gap,
+            owners.gaps_revision,
+            candidates.gaps_revision,
+            inputs.errors.revision,
+        )
+        previous = self._answer
+        if previous is None:
+            previous = _EMPTY
+        elif (
+            not dirty
+            and owned_processes == previous.owned_processes
+            and servers == previous.servers
+            and gaps_key == self._gaps_key
+        ):
+            return previous
+        sessions, by_id = self._sessions(previous, dirty, owned_processes, owners.contexts)
+        unowned = self._groups.get(None)
+        if unowned is None:
+            unowned = previous.unowned if not previous.unowned else []
+        if gaps_key != self._gaps_key or self._answer is None:
+            gaps = [
+                *(() if inputs.home_gap is None else (inputs.home_gap,)),
+                *owners.gaps,
+                *candidates.gaps(),
+                *inputs.errors.gaps(),
+            ]
+        else:
+            gaps = previous.gaps
+        self._gaps_key = gaps_key
+        if servers == previous.servers:
+            servers = previous.servers
+        self._answer = Answer(sessions, unowned, servers, gaps, owned_processes, by_id)
+        return self._answer
+
+    def _sessions(
+        self,
+        previous: Answer,
+        dirty: set[str | None],
+        owned_processes: dict[str, list[SessionProcess]],
+        contexts: dict[str, str | None],
+    ) -> tuple[list[Session], dict[str, Session]]:
+        """The sessions, rebuilding only the dirty ones; the previous list if none was."""
+        sessions: list[Session] = []
+        by_id: dict[str, Session] = {}
+        owners = {owner for owner in self._groups if owner is not None}
+        for session_id in sorted(owners | owned_processes.keys()):
+            processes = owned_processes.get(session_id)
+            session = previous.by_id.get(session_id)
+            context = contexts.get(session_id)
+            if (
+                session is None
+                or session_id in dirty
+                or session.context_id != context  # a session active through rows alone too
+                or processes != previous.owned_processes.get(session_id)
+            ):
+                listed = self._groups.get(session_id, [])
+                if processes:
+                    listed = sorted([*listed, *processes], key=order)
+                session = Session(session_id, context, listed)
+            sessions.append(session)
+            by_id[session_id] = session
+        if len(sessions) == len(previous.sessions) and all(
+            new is old for new, old in zip(sessions, previous.sessions, strict=True)
+        ):
+            return previous.sessions, previous.by_id
+        return sessions, by_id
+
+    def _regroup_all(self, candidates: Candidates) -> set[str | None]:
+        """Every group from the candidates, sorted; returns the owners (all dirty)."""
+        groups: dict[str | None, list[SessionProcess]] = {}
+        for candidate in candidates.values():
+            if candidate.process is not None and candidate.owner is not UNASKED:
+                groups.setdefault(candidate.owner, []).append(candidate.process)
+        for processes in groups.values():
+            processes.sort(key=order)
+        dirty = {*self._groups, *groups, ""}
+        self._groups = groups
+        candidates.take_moves()
+        candidates.regroup = False
+        return dirty
+
+    def _apply_moves(self, candidates: Candidates) -> set[str | None]:
+        """Update the groups the moves touched (copies: earlier answers keep theirs)."""
+        dirty: set[str | None] = set()
+        for owner, (removed, added) in candidates.take_moves().items():
+            if sorted(removed, key=order) == sorted(added, key=order):
+                continue  # came back the same
+            processes = list(self._groups.get(owner, ()))
+            for process in removed:
+                at = bisect.bisect_left(processes, order(process), key=order)
+                while at < len(processes) and processes[at] is not process:
+                    at += 1
+                if at == len(processes):  # not where it should be: build every group again
+                    return self._regroup_all(candidates)
+                del processes[at]
+            for process in added:
+                bisect.insort(processes, process, key=order)
+            if processes:
+                self._groups[owner] = processes
+            else:
+                self._groups.pop(owner, None)
+            dirty.add(owner)
+        return dirty
+
+
+def _owned_processes(
+    rows: dict[int, list[tuple[int, str]]], sample: ProcessSample
+) -> dict[str, list[SessionProcess]]:
+    """session id → the sampled processes it owns by (pid, start time) rows."""
+    owned: dict[str, list[SessionProcess]] = {}
+    for pid, pid_rows in rows.items():
+        for started_at, session_id in pid_rows:
+            if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
+                owned.setdefault(session_id, []).append(
+                    SessionProcess(kind="process", pid=pid, started_at=started_at)
+                )
+    return owned
+
+
+def _live_servers(
+    entries: Sequence[ServerRegistryEntry], sample: ProcessSample
+) -> list[ServerEntry]:
+    """The registry's entries whose process is alive, sorted by pid and URL."""
+    live = []
+    for entry in entries:
+        if entry.opencode_pid not in sample or (
+            entry.started_at is not None
+            and not matches_start(sample, entry.opencode_pid, entry.started_at, SERVER_TOLERANCE_S)
+        ):
+            continue
+        live.append(
+            ServerEntry(
+                pid=entry.opencode_pid,
+                url=msgspec.UNSET if entry.url is None else entry.url,
+                directory=msgspec.UNSET if entry.directory is None else entry.directory,
+                started_at=msgspec.UNSET if entry.started_at is None else entry.started_at,
+            )
+        )
+    return sorted(live, key=lambda server: (server.pid, str(server.url)))
+
+
+def order(process: SessionProcess) -> tuple[str, int, int, str, str, str]:
+    """The order of processes within a session's list and ``unowned``."""
+
+    def text(value: str | msgspec.UnsetType) -> str:
+        return "" if isinstance(value, msgspec.UnsetType) else value
+
+    return (
+        process.kind,
+        process.pid,
+        process.started_at,
+        text(process.input_id),
+        text(process.exec_id),
+        text(process.receipt),
+    )
