@@ -18,6 +18,7 @@ import collections
 import itertools
 import operator
 import os
+import typing
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
@@ -40,6 +41,7 @@ from capsule_client.protocol import (
     METHOD_PARAMS,
     ActiveSessionsSnapshot,
     LostReport,
+    ProcessKind,
     StatusResult,
     StatusTotals,
 )
@@ -67,7 +69,7 @@ TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused")
 #: The ``method`` label of a request naming no method the daemon serves:
 #: clients choose method names, and a label must not grow with them.
 OTHER_METHOD: Final = "other"
-_KINDS: Final = ("provider_client", "exec", "process")
+_KINDS: Final = typing.get_args(ProcessKind)
 _DISCOVERY_STATES: Final = ("ready", "scanning", "unavailable")
 _WATCH_MODES: Final = ("native", "polling", "off")
 _TRUSTS: Final = ("trusted", "untrusted")
@@ -244,7 +246,7 @@ def _discovery_families(status: StatusResult, figures: _SnapshotFigures) -> Iter
         GaugeMetricFamily(
             "capsuled_session_processes",
             "Live processes of the active sessions, by kind (provider_client and exec from "
-            "receipts, process from the ownership store).",
+            "receipts, process from the ownership store, descendant: started by one of those).",
             labels=("kind",),
         ),
         sorted(figures.kinds.items()),

@@ -114,7 +114,7 @@ def check_against_status(
     """Every family of ``scrape`` against the daemon's own figures."""
     assert scrape.capsuled() == FAMILIES
     assert scrape.value("capsuled_sessions_active") == len(snapshot.sessions)
-    kinds = {"provider_client": 0.0, "exec": 0.0, "process": 0.0}
+    kinds = {"provider_client": 0.0, "exec": 0.0, "process": 0.0, "descendant": 0.0}
     for session in snapshot.sessions:
         for process in session.processes:
             kinds[process.kind] += 1
