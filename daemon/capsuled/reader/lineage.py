@@ -10,6 +10,12 @@ timer while :attr:`Lineage.active`: a look without a table (the tracker's
 cheap strategies) that says whether the descendants changed since the last
 observation, which then observes again.
 
+Between tables the tracker probes the pids handed out since its last look
+(the pid counter), not the children lists of the session's processes even
+where the kernel has them: a probe also finds a process whose parent exited
+before the look but that is in a Unix session a session process leads (a
+double-forked daemon under a ``setsid`` root), which no children list names.
+
 The tracker is used by one caller at a time (a lock): observations and
 looks run in different worker threads.
 """
@@ -56,11 +62,11 @@ class Lineage:
     """The descendants of one home's sessions, kept between observations.
 
     Args:
-        tracker: the tracker to use; a new one when omitted.
+        tracker: the tracker to use; a new one probing by the pid counter when omitted.
     """
 
     def __init__(self, tracker: DescendantTracker | None = None) -> None:
-        self._tracker = DescendantTracker() if tracker is None else tracker
+        self._tracker = DescendantTracker(children_files=False) if tracker is None else tracker
         self._lock = threading.Lock()
         self._roots: dict[tuple[int, int], str] = {}
         self._found: Found = {}
