@@ -88,7 +88,9 @@ class Lineage:
         """
         with self._lock:
             self._roots = roots
-            self._found = self._tracker.look(roots, table)
+            if roots or self._found:
+                self._found = self._tracker.look(roots, table)
+            # else no session has a process: nothing to index the table for
             return self._found
 
     def look(self) -> bool:
