@@ -204,3 +204,43 @@ def test_the_look_timer_sleeps_while_inactive_and_wakes_discovery_on_a_change() 
 
     anyio.run(main)
     assert looked
+
+
+def test_no_look_runs_while_the_pid_counter_has_not_moved() -> None:
+    counter = 7
+    looked = 0
+    ticks = 0
+
+    def look() -> bool:
+        nonlocal looked
+        looked += 1
+        return False
+
+    def read_counter() -> int:
+        nonlocal ticks
+        ticks += 1
+        return counter
+
+    async def main() -> None:
+        nonlocal counter
+        looks = DescendantLooks(
+            look=look, active=lambda: True, wake=lambda: None, counter=read_counter, interval_s=0.01
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(looks.run)
+            with anyio.fail_after(5):
+                while ticks < 20:  # twenty ticks with the same counter: one look
+                    await anyio.sleep(0.01)
+            assert looked == 1 and looks.looks == 1
+            counter = 8  # a process was started somewhere: the next tick looks
+            with anyio.fail_after(5):
+                while looked < 2:
+                    await anyio.sleep(0.01)
+            looks.observed()  # new roots: the next tick looks whatever the counter says
+            with anyio.fail_after(5):
+                while looked < 3:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert looked == 3

@@ -8,6 +8,12 @@ a fork" without any other change, and bounds the window in which a child
 that is re-parented before it is seen can escape. A look that finds a
 change wakes discovery, which observes and publishes (``since`` long polls
 and subscriptions see it).
+
+Before each look the pid counter is read on the event loop (one read of
+``/proc/loadavg``, kernel memory: it never waits on a disk). While it has not
+moved, no process was started anywhere, so no descendant can have appeared;
+exits are pidfd events of their own (:mod:`capsuled.exits`). Only a moved
+counter costs a look in a worker thread.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import anyio.to_thread
 import structlog
 
 from .descendants import LOOK_INTERVAL_S
+from .proctable import last_pid
 
 __all__ = ["DescendantLooks"]
 
@@ -33,6 +40,8 @@ class DescendantLooks:
             worker thread).
         active: whether a look can find anything now.
         wake: asks discovery to observe (called on the event loop).
+        counter: the pid counter (:func:`capsuled.proctable.last_pid`), or
+            None where it cannot be read: then every tick looks.
         interval_s: seconds between two looks while active.
     """
 
@@ -42,19 +51,24 @@ class DescendantLooks:
         look: Callable[[], bool],
         active: Callable[[], bool],
         wake: Callable[[], None],
+        counter: Callable[[], int | None] = last_pid,
         interval_s: float = LOOK_INTERVAL_S,
     ) -> None:
         self._look = look
+        self._counter = counter
+        self._counted: int | None = None  # the counter at the last look
         self._active = active
         self._wake = wake
         self.interval_s = interval_s
         self._activated = anyio.Event()
-        #: Looks run so far, and those that found a change.
+        #: Looks run so far (ticks with an unmoved pid counter are not looks),
+        #: and those that found a change.
         self.looks = 0
         self.changes = 0
 
     def observed(self) -> None:
         """An observation was published: start looking if it left something to look at."""
+        self._counted = None  # new roots: the next tick looks whatever the counter says
         if self._active():
             self._activated.set()
 
@@ -68,6 +82,10 @@ class DescendantLooks:
             await anyio.sleep(self.interval_s)
             if not self._active():
                 continue
+            counted = self._counter()
+            if counted is not None and counted == self._counted:
+                continue  # no process started since the last look
+            self._counted = counted
             self.looks += 1
             try:
                 changed = await anyio.to_thread.run_sync(self._look)
