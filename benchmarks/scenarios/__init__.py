@@ -10,6 +10,7 @@ from benchmarks.harness import Scenario
 
 from . import (
     coldstart,
+    descendants,
     events,
     fresh,
     idle,
@@ -158,6 +159,17 @@ SCENARIOS: tuple[Scenario, ...] = (
             "the first scrape after the answer changed: report what it costs",
         ),
         run=metrics.run,
+    ),
+    Scenario(
+        number=15,
+        title="descendants: fork -> listed; 100 live session processes, nothing changing",
+        baseline="an empty home's daemon, measured in the same window",
+        targets=(
+            "descendant found after a fork: p50 / p99 (a since long poll)",
+            "100 live session processes, nothing changing: <= 0.2 % of a core",
+            "an empty home beside it: <= 2 wake-ups/s",
+        ),
+        run=descendants.run,
     ),
 )
 

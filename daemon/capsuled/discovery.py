@@ -11,6 +11,9 @@ the home and everything asynchronous around it:
   the watcher's feed or :class:`~capsuled.exits.ExitWatch` wakes it; one
   every ``sample_interval_s`` only where something can change unannounced
   (:attr:`Discovery.needs_sampling`). An idle daemon sleeps (docs/design.md §8);
+* **descendant looks** (:mod:`capsuled.looks`): between observations, a
+  look every second for the sessions' new or exited descendants, only while
+  some session has a live process; a change wakes the sampler;
 * **verification**: every ``verify_interval_s``, a barrier through the watch,
   then an observation that verifies (docs/design.md §5); what it finds the
   watch missed is logged at warning and counted in :attr:`verification`;
@@ -73,6 +76,7 @@ from .changes import ChangeFeed
 from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .flight import SingleFlight, Wanted
+from .looks import DescendantLooks
 from .publication import Publication
 from .reader import (
     ActiveSessionReader,
@@ -171,6 +175,11 @@ class Discovery:
             sync=sync,
         )
         self.exits = ExitWatch(self.wake, max_pidfds=max_pidfds, enabled=exit_events)
+        self.looks = DescendantLooks(
+            look=lambda: self._reader.lineage.look(),
+            active=lambda: self._reader.lineage.active,
+            wake=self.wake,
+        )
         self.changes.listener = self._changed
         # observed_at → pid → sampled start time (``Observation.watched``), newest last.
         self._sampled: dict[float, Mapping[int, float]] = {}
@@ -252,6 +261,7 @@ class Discovery:
             async with anyio.create_task_group() as tg:
                 self._single.task_group = tg
                 await tg.start(self.exits.serve)
+                tg.start_soon(self.looks.run)
                 task_status.started()
                 try:
                     await self._sampler.run()
@@ -341,6 +351,7 @@ class Discovery:
         if observation.watched is not None:
             self.exits.track(observation.watched)
         self._pub.publish(observation.snapshot)
+        self.looks.observed()
         return observation.snapshot
 
     def _keep_sampled(self, observation: Observation) -> None:
@@ -378,6 +389,7 @@ class Discovery:
             gaps=observation.snapshot.gaps,
         )
         self._reader.ownership.close()
+        self._reader.lineage.close()
         self._reader = self._new_reader()
 
     # ----------------------------------------------------------------------

@@ -24,9 +24,16 @@ from typing import TypeAlias
 
 import psutil
 
-from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, ticks_per_s
+from capsule_client._proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsuled.proctable import ProcessTable, last_pid
 
-__all__ = ["ProcessSample", "UsageMeter", "matches_start", "sample_processes"]
+__all__ = [
+    "ProcessSample",
+    "UsageMeter",
+    "matches_start",
+    "sample_processes",
+    "sample_with_table",
+]
 
 #: pid → start time, Unix seconds.
 ProcessSample: TypeAlias = Mapping[int, float]
@@ -43,7 +50,7 @@ def matches_start(sample: ProcessSample, pid: int, started_at_s: float, toleranc
     return start is not None and abs(start - started_at_s) <= tolerance_s
 
 
-def _sample_proc() -> dict[int, float]:
+def _sample_proc(stats: dict[int, ProcStat] | None = None) -> dict[int, float]:
     boot_s = boot_time_s()
     ticks = ticks_per_s()
     sample: dict[int, float] = {}
@@ -58,6 +65,8 @@ def _sample_proc() -> dict[int, float]:
         if stat.state not in NOT_LIVE_STATES:
             # start_time_s(), inlined: this line runs once per process per sample.
             sample[pid] = boot_s + stat.start_ticks / ticks
+            if stats is not None:
+                stats[pid] = stat
     return sample
 
 
@@ -90,6 +99,23 @@ def sample_processes() -> dict[int, float]:
         OSError: the process table could not be listed at all.
     """
     return _sampler()
+
+
+def sample_with_table() -> tuple[dict[int, float], ProcessTable | None]:
+    """:func:`sample_processes` and, from the same ``/proc`` pass, the full process
+    table the descendants tracker walks (ppid, sid; :mod:`capsuled.proctable`).
+
+    The table is None where the sample does not read ``/proc`` (psutil).
+    Blocking; run it in a worker thread.
+
+    Raises:
+        OSError: the process table could not be listed at all.
+    """
+    if _sampler is not _sample_proc:
+        return _sampler(), None
+    counter = last_pid()  # before the listing: every pid up to it is in the table
+    stats: dict[int, ProcStat] = {}
+    return _sample_proc(stats), ProcessTable(counter, stats)
 
 
 class UsageMeter:

@@ -6,6 +6,8 @@ or parsed (*errors*), the changed paths the watcher reported (*pending*, via a
 :class:`~capsuled.changes.ChangeFeed`) and whether a full *rescan* is owed.
 An *observation* brings that cache up to date against one fresh process
 sample, asks the ownership store who owns the live receipts and processes,
+finds the descendants of the sessions' processes
+(:mod:`~capsuled.reader.lineage`, from the same sample's process table),
 checks that nothing moved meanwhile, and projects an
 :class:`~capsule_client.protocol.ActiveSessionsSnapshot`.
 
@@ -56,13 +58,15 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
 from capsuled.changes import ChangeFeed
 from capsuled.layout import Action, action
-from capsuled.processes import sample_processes
+from capsuled.processes import sample_with_table
+from capsuled.proctable import ProcessTable
 from capsuled.reader.candidates import Candidates, wire_text
 from capsuled.reader.errors import Errors, ObservationCancelled, Unavailable
 from capsuled.reader.generations import Generations
 from capsuled.reader.home import Home, HomeReplaced
+from capsuled.reader.lineage import Lineage, roots_of
 from capsuled.reader.ownership import Owners
-from capsuled.reader.projection import Answer, Inputs, Projection
+from capsuled.reader.projection import PROCESS_TOLERANCE_S, Answer, Inputs, Projection
 from capsuled.reader.receipts import ReceiptReader
 from capsuled.reader.walk import Verified, Walk
 from capsuled.store import OwnershipReader, StoreUnavailable, StoreVersion
@@ -87,7 +91,8 @@ class Observation:
             (passing this reader's ``generations``), log a warning and count it.
         watched: pid → start time (Unix seconds, from the sample) of every
             live process the answer rests on: live candidates' pids, the
-            store's processes that matched the sample, live servers. Its
+            store's processes that matched the sample, live servers, the
+            sessions' descendants. Its
             exit changes the answer (``capsuled.exits`` watches them). None
             when the observation could not say (``unavailable``).
         verified: what a verification found; None when it did not verify.
@@ -165,6 +170,9 @@ class ActiveSessionReader:
         self._owners = Owners()
         self._projection = Projection()
         self._pending: set[str] = set()
+        self._table: ProcessTable | None = None  # the latest sample's, for the descendants
+        #: The sessions' descendants, also looked for between observations.
+        self.lineage = Lineage()
 
     @property
     def _cost(self) -> DiscoveryCost:
@@ -238,7 +246,10 @@ class ActiveSessionReader:
         """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on and
         what a verification found."""
         version, verified = self._collect(verify_barrier_ns)
-        self._owners.refresh(self.ownership, version, self._candidates, self._receipts.sample)
+        sample = self._receipts.sample
+        self._owners.refresh(self.ownership, version, self._candidates, sample)
+        roots = roots_of(self._candidates, self._owners, sample, PROCESS_TOLERANCE_S)
+        descendants = self.lineage.observe(roots, self._table)
         answer = self._projection.project(
             Inputs(
                 candidates=self._candidates,
@@ -247,6 +258,7 @@ class ActiveSessionReader:
                 servers=self._receipts.servers,
                 errors=self._errors,
                 home_gap=self._home.missing_gap() if self._home.missing else None,
+                descendants=descendants,
             )
         )
         snapshot.sessions = answer.sessions
@@ -272,6 +284,7 @@ class ActiveSessionReader:
         pids = set(self._candidates.pids())
         pids.update(p.pid for listed in answer.owned_processes.values() for p in listed)
         pids.update(server.pid for server in answer.servers)
+        pids.update(p.pid for listed in answer.descendants.values() for p in listed)
         return {pid: sample[pid] for pid in pids if pid in sample}
 
     def _owe_rescan(self) -> None:
@@ -309,7 +322,7 @@ class ActiveSessionReader:
     def _resample(self) -> None:
         """Take a fresh sample; judge again the candidates of pids that went or were reused."""
         self._cost.process_samples += 1
-        sample = sample_processes()
+        sample, self._table = sample_with_table()
         previous, self._receipts.sample = self._receipts.sample, sample
         candidates = self._candidates
         for pid, start in previous.items():

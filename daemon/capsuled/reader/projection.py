@@ -2,24 +2,26 @@
 
 :meth:`Projection.project` is one step with one input, :class:`Inputs` (the
 candidates with their owners, the store's rows and contexts, the process
-sample, the servers registry, the errors and the home's gap), and one
-output, :class:`Answer`: sessions, unowned processes, live servers and gaps
-(docs/design.md §5 step 3, §7). It is incremental: each owner's receipt
-processes are kept sorted and updated by the moves the candidates journaled,
-and a list nothing changed is the previous one.
+sample, the descendants, the servers registry, the errors and the home's
+gap), and one output, :class:`Answer`: sessions, unowned processes, live
+servers and gaps (docs/design.md §5 step 3, "Descendants", §7). It is
+incremental: each owner's receipt processes are kept sorted and updated by
+the moves the candidates journaled, and a list nothing changed is the
+previous one.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 
 from capsule_client.protocol import ServerEntry, Session, SessionProcess
 from capsule_client.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
+from capsuled.descendants import Descendant
 from capsuled.processes import ProcessSample, matches_start
 from capsuled.reader.candidates import UNASKED, Candidates
 from capsuled.reader.errors import Errors
@@ -44,6 +46,9 @@ class Inputs:
         servers: the servers registry's entries, live or not.
         errors: the paths that could not be read.
         home_gap: the gap of a missing home, None while it exists.
+        descendants: (pid, started_at) → what the sessions' processes started
+            (:class:`~capsuled.descendants.DescendantTracker`); one that is a
+            receipt's or a row's process is listed as that (the closest attribution).
     """
 
     candidates: Candidates
@@ -52,6 +57,7 @@ class Inputs:
     servers: Sequence[ServerRegistryEntry]
     errors: Errors
     home_gap: str | None
+    descendants: Mapping[tuple[int, int], Descendant] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,8 @@ class Answer:
     """The lists of one projection, kept to be answered again while nothing changes.
 
     ``owned_processes`` is session id → its processes owned by (pid, start
-    time) rows; ``by_id`` session id → its :class:`Session` in ``sessions``.
+    time) rows; ``descendants`` session id → its ``descendant`` processes;
+    ``by_id`` session id → its :class:`Session` in ``sessions``.
     """
 
     sessions: list[Session]
@@ -68,6 +75,7 @@ class Answer:
     gaps: list[str]
     owned_processes: dict[str, list[SessionProcess]]
     by_id: dict[str, Session]
+    descendants: dict[str, list[SessionProcess]] = field(default_factory=dict)
 
 
 _EMPTY: Final = Answer([], [], [], [], {}, {})
@@ -101,6 +109,7 @@ class Projection:
             dirty.add("")  # the session list is built again even if no group remains
             self._contexts_revision = owners.contexts_revision
         owned_processes = _owned_processes(owners.rows, inputs.sample)
+        descendants = _descendant_processes(inputs.descendants, candidates.pids(), owned_processes)
         servers = _live_servers(inputs.servers, inputs.sample)
         gaps_key = (
             inputs.home_gap,
@@ -114,11 +123,14 @@ class Projection:
         elif (
             not dirty
             and owned_processes == previous.owned_processes
+            and descendants == previous.descendants
             and servers == previous.servers
             and gaps_key == self._gaps_key
         ):
             return previous
-        sessions, by_id = self._sessions(previous, dirty, owned_processes, owners.contexts)
+        sessions, by_id = self._sessions(
+            previous, dirty, owned_processes, descendants, owners.contexts
+        )
         unowned = self._groups.get(None)
         if unowned is None:
             unowned = previous.unowned if not previous.unowned else []
@@ -134,7 +146,7 @@ class Projection:
         self._gaps_key = gaps_key
         if servers == previous.servers:
             servers = previous.servers
-        self._answer = Answer(sessions, unowned, servers, gaps, owned_processes, by_id)
+        self._answer = Answer(sessions, unowned, servers, gaps, owned_processes, by_id, descendants)
         return self._answer
 
     def _sessions(
@@ -142,14 +154,16 @@ class Projection:
         previous: Answer,
         dirty: set[str | None],
         owned_processes: dict[str, list[SessionProcess]],
+        descendants: dict[str, list[SessionProcess]],
         contexts: dict[str, str | None],
     ) -> tuple[list[Session], dict[str, Session]]:
         """The sessions, rebuilding only the dirty ones; the previous list if none was."""
         sessions: list[Session] = []
         by_id: dict[str, Session] = {}
         owners = {owner for owner in self._groups if owner is not None}
-        for session_id in sorted(owners | owned_processes.keys()):
+        for session_id in sorted(owners | owned_processes.keys() | descendants.keys()):
             processes = owned_processes.get(session_id)
+            started = descendants.get(session_id)
             session = previous.by_id.get(session_id)
             context = contexts.get(session_id)
             if (
@@ -157,10 +171,11 @@ class Projection:
                 or session_id in dirty
                 or session.context_id != context  # a session active through rows alone too
                 or processes != previous.owned_processes.get(session_id)
+                or started != previous.descendants.get(session_id)
             ):
                 listed = self._groups.get(session_id, [])
-                if processes:
-                    listed = sorted([*listed, *processes], key=order)
+                if processes or started:
+                    listed = sorted([*listed, *(processes or ()), *(started or ())], key=order)
                 session = Session(session_id, context, listed)
             sessions.append(session)
             by_id[session_id] = session
@@ -220,6 +235,32 @@ def _owned_processes(
                     SessionProcess(kind="process", pid=pid, started_at=started_at)
                 )
     return owned
+
+
+def _descendant_processes(
+    found: Mapping[tuple[int, int], Descendant],
+    receipt_pids: Container[int],
+    owned: dict[str, list[SessionProcess]],
+) -> dict[str, list[SessionProcess]]:
+    """session id → its ``descendant`` processes, sorted; a pid that is a receipt's
+    process (owned or not) or a row's is left to that attribution (docs/design.md §5)."""
+    if not found:
+        return {}
+    rows = {process.pid for listed in owned.values() for process in listed}
+    started: dict[str, list[SessionProcess]] = {}
+    for (pid, started_at), descendant in sorted(found.items()):
+        if pid in receipt_pids or pid in rows:
+            continue
+        started.setdefault(descendant.session_id, []).append(
+            SessionProcess(
+                kind="descendant",
+                pid=pid,
+                started_at=started_at,
+                parent_pid=descendant.parent_pid,
+                root_pid=descendant.root_pid,
+            )
+        )
+    return started
 
 
 def _live_servers(

@@ -1,0 +1,118 @@
+"""Lineage: the descendants of a home's sessions, at and between observations (docs/design.md §5).
+
+:class:`Lineage` holds the home's :class:`~capsuled.descendants.DescendantTracker`.
+An observation gives it the roots (the owned live receipts' processes and
+the store's (pid, start) rows that matched the sample) and the sample's full
+process table (:func:`~capsuled.processes.sample_with_table`: the same
+``/proc`` pass, no second read of every stat); the projection lists what it
+returns. Between observations the daemon calls :meth:`Lineage.look` on a
+timer while :attr:`Lineage.active`: a look without a table (the tracker's
+cheap strategies) that says whether the descendants changed since the last
+observation, which then observes again.
+
+Between tables the tracker probes the pids handed out since its last look
+(the pid counter), not the children lists of the session's processes even
+where the kernel has them: a probe also finds a process whose parent exited
+before the look but that is in a Unix session a session process leads (a
+double-forked daemon under a ``setsid`` root), which no children list names.
+
+The tracker is used by one caller at a time (a lock): observations and
+looks run in different worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from capsuled.descendants import Descendant, DescendantTracker
+from capsuled.processes import ProcessSample, matches_start
+from capsuled.proctable import ProcessTable
+from capsuled.reader.candidates import UNASKED, Candidates
+from capsuled.reader.ownership import Owners
+
+__all__ = ["Lineage", "roots_of"]
+
+#: (pid, started_at) → descendant.
+Found = Mapping[tuple[int, int], Descendant]
+
+
+def roots_of(
+    candidates: Candidates, owners: Owners, sample: ProcessSample, tolerance_s: float
+) -> dict[tuple[int, int], str]:
+    """(pid, started_at) → session id of every owned live receipt's process and every
+    store row whose process runs in ``sample`` (within ``tolerance_s``).
+
+    An unowned receipt's process is no root: its children belong to no session.
+    """
+    roots: dict[tuple[int, int], str] = {}
+    for candidate in candidates.values():
+        owner, process = candidate.owner, candidate.process
+        if process is not None and owner is not None and owner is not UNASKED:
+            assert isinstance(owner, str)
+            roots[process.pid, process.started_at] = owner
+    for pid, rows in owners.rows.items():
+        for started_at, session_id in rows:
+            if matches_start(sample, pid, started_at, tolerance_s):
+                roots.setdefault((pid, started_at), session_id)
+    return roots
+
+
+class Lineage:
+    """The descendants of one home's sessions, kept between observations.
+
+    Args:
+        tracker: the tracker to use; a new one probing by the pid counter when omitted.
+    """
+
+    def __init__(self, tracker: DescendantTracker | None = None) -> None:
+        self._tracker = DescendantTracker(children_files=False) if tracker is None else tracker
+        self._lock = threading.Lock()
+        self._roots: dict[tuple[int, int], str] = {}
+        self._found: Found = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether a look can find anything: some root or descendant was live at the last one."""
+        return bool(self._roots) or bool(self._found)
+
+    @property
+    def found(self) -> Found:
+        """The descendants of the latest observation."""
+        return self._found
+
+    def observe(self, roots: dict[tuple[int, int], str], table: ProcessTable | None) -> Found:
+        """The descendants now, for an observation (with its full table where it has one).
+
+        Blocking (reads ``/proc`` without a table); run it in a worker thread.
+        """
+        with self._lock:
+            self._roots = roots
+            self._found = self._tracker.look(roots, table)
+            return self._found
+
+    def look(self) -> bool:
+        """One look between observations, at the latest observation's roots: whether a
+        descendant appeared or exited since then (the caller observes again).
+
+        Blocking; O(the sessions' processes and what was forked since the last look).
+        """
+        with self._lock:
+            if not self.active:
+                return False
+            found = self._tracker.look(self._roots)
+            return found.keys() != self._found.keys()
+
+    def forget(self) -> None:
+        """Drop every descendant and root (the reader's cache is being rebuilt)."""
+        with self._lock:
+            self._tracker.forget()
+            self._roots = {}
+            self._found = {}
+
+    def close(self) -> None:
+        """Let the tracker's pidfds go."""
+        with self._lock:
+            self._tracker.close()
+            self._roots = {}
+            self._found = {}
