@@ -32,6 +32,7 @@ from capsule_client.protocol import ActiveSessionsSnapshot, TerminateReport
 from capsule_client.receipts import EXEC_RECEIPT_TOLERANCE_S, write_exec_receipt
 from capsule_client.store import OwnershipStore
 from capsuled.exits import pidfds_supported
+from capsuled.terminate import START_TOLERANCE_S
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 
@@ -90,8 +91,11 @@ class Processes:
         return process
 
     def adopt(self, pid: int) -> None:
-        """A process the test did not start itself (a grandchild)."""
-        self.others.append(psutil.Process(pid))
+        """A process the test did not start itself (a grandchild); one already gone is not kept."""
+        try:
+            self.others.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
 
     def close(self) -> None:
         for other in self.others:
@@ -213,6 +217,54 @@ def test_a_process_that_ignores_term_is_killed_after_the_grace(
     assert report.duration_ms >= grace_s * 1000
 
 
+def test_a_receipt_start_time_within_its_tolerance_is_signalled_by_the_sampled_one(
+    daemon: DaemonProcess, client: Client, procs: Processes
+) -> None:
+    """A receipt's ``started_at`` 2 s off the real start is live (within the exec
+    tolerance) but beyond the re-check's 1 s: the re-check uses the sampled start."""
+    sleeper = procs.sleep()
+    real_start = psutil.Process(sleeper.pid).create_time()
+    own(daemon.home, "ses_skewed", execs=["exe_skewed"])
+    write_exec_receipt(daemon.home, "exe_skewed", sleeper.pid, started_at_s=real_start - 2.0)
+    wait_listed(client, "ses_skewed", {sleeper.pid: "exec"})
+    (session,) = [s for s in client.snapshot(max_age_ms=0).sessions if s.session_id == "ses_skewed"]
+    assert abs(session.processes[0].started_at - real_start) > START_TOLERANCE_S
+
+    report = client.terminate("ses_skewed", grace_s=DEADLINE_S)
+
+    assert outcomes(report) == {sleeper.pid: "exited"}
+    assert report.processes[0].started_at == session.processes[0].started_at  # as listed
+    assert sleeper.wait(timeout=DEADLINE_S) == -signal.SIGTERM
+
+
+def test_a_clean_up_started_during_the_grace_is_found_and_signalled(
+    daemon: DaemonProcess, client: Client, procs: Processes
+) -> None:
+    """The shell's TERM trap starts a clean-up while the shell waits on: the daemon's
+    fresh looks during the grace find it as a descendant and signal it too."""
+    script = "trap 'sleep 300 & echo $!' TERM; sleep 300 & echo $!; wait; wait"
+    shell = procs.start(["sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert shell.stdout is not None
+    first = int(shell.stdout.readline())
+    procs.adopt(first)
+    own(daemon.home, "ses_trap", execs=["exe_trap"])
+    write_exec_receipt(daemon.home, "exe_trap", shell.pid, command="sh")
+    wait_listed(client, "ses_trap", {shell.pid: "exec", first: "descendant"})
+
+    report = client.terminate("ses_trap", grace_s=2.0)
+
+    clean_up = int(shell.stdout.readline())
+    procs.adopt(clean_up)
+    ended_as = outcomes(report)
+    # A TERM that lands between the clean-up's fork and its exec meets the shell's trap
+    # handler, which exec then forgets: that clean-up is killed after the grace instead.
+    assert ended_as.pop(clean_up) in ("exited", "killed")
+    assert ended_as == {shell.pid: "exited", first: "exited"}
+    assert {p.kind for p in report.processes if p.pid != shell.pid} == {"descendant"}
+    assert shell.wait(timeout=DEADLINE_S) == 0  # the trap ran, the last wait returned
+    wait_until(lambda: ended(first) and ended(clean_up), message="the sleeps ended")
+
+
 def test_a_receipt_whose_pid_was_reused_leaves_the_reuser_untouched(
     daemon: DaemonProcess, client: Client, procs: Processes
 ) -> None:
@@ -227,12 +279,12 @@ def test_a_receipt_whose_pid_was_reused_leaves_the_reuser_untouched(
         pytest.skip("forcing a pid's reuse needs a writable /proc/sys/kernel/ns_last_pid (root)")
     first, other = procs.sleep(), procs.sleep()
     own(daemon.home, "ses_reused", execs=["exe_reused"], pids=[other.pid])
-    write_exec_receipt(daemon.home, "exe_reused", first.pid, command="sleep")
-    started = psutil.Process(first.pid).create_time()
+    receipt = write_exec_receipt(daemon.home, "exe_reused", first.pid, command="sleep")
+    started_at = json.loads(receipt.read_bytes())["started_at"]  # whole seconds, rounded
     wait_listed(client, "ses_reused", {first.pid: "exec", other.pid: "process"})
-    # A real reuse comes later than the receipt's tolerance.
+    # A real reuse comes later than the receipt's tolerance (here by a clear second).
     wait_until(
-        lambda: time.time() > started + EXEC_RECEIPT_TOLERANCE_S + 0.5,
+        lambda: time.time() > started_at + EXEC_RECEIPT_TOLERANCE_S + 1.0,
         timeout_s=EXEC_RECEIPT_TOLERANCE_S + 5,
         message="the clock to pass the receipt's tolerance",
     )

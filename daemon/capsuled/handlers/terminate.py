@@ -18,7 +18,7 @@ from ..errors import NoSuchSession, RpcError
 from ..metrics import count_terminated
 from ..terminate import Target, terminate
 
-__all__ = ["SessionProcesses", "terminate_handler"]
+__all__ = ["SessionProcesses", "roots_first", "terminate_handler"]
 
 log = structlog.get_logger("capsuled.handlers")
 
@@ -53,14 +53,14 @@ def terminate_handler(
 
         async def more() -> list[Target]:
             try:
-                return await session_processes(session_id) or []
+                return roots_first(await session_processes(session_id) or [])
             except RpcError as exc:  # unavailable, late, stopping: the ones known still end
                 log.debug("no fresh observation during the grace", error=exc.message)
                 return []
 
         report = await terminate(
             session_id,
-            targets,
+            roots_first(targets),
             signal_name=params.signal,
             grace_s=params.grace_ms / 1000,
             more=more,
@@ -69,3 +69,13 @@ def terminate_handler(
         return report
 
     return handle
+
+
+def roots_first(targets: list[Target]) -> list[Target]:
+    """The receipt processes and owned rows before the descendants, each in listed order.
+
+    Signalled in this order: a shell whose child got the signal first may
+    exit on its own (its ``wait`` returned) before its turn, and would be
+    reported ``gone`` instead of running its ``TERM`` trap.
+    """
+    return sorted(targets, key=lambda target: target.kind == "descendant")
