@@ -88,7 +88,9 @@ class Lineage:
         """
         with self._lock:
             self._roots = roots
-            self._found = self._tracker.look(roots, table)
+            if roots or self._found:
+                self._found = self._tracker.look(roots, table)
+            # else no session has a process: nothing to index the table for
             return self._found
 
     def look(self) -> bool:
@@ -101,7 +103,9 @@ class Lineage:
             if not self.active:
                 return False
             found = self._tracker.look(self._roots)
-            return found.keys() != self._found.keys()
+            # By pid: a start time in whole seconds may round the other way
+            # when the boot time read moves by a second (docs/design.md §3).
+            return {pid for pid, _ in found} != {pid for pid, _ in self._found}
 
     def forget(self) -> None:
         """Drop every descendant and root (the reader's cache is being rebuilt)."""
