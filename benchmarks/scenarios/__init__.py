@@ -22,6 +22,7 @@ from . import (
     reconcile,
     scan,
     snapshot,
+    terminate,
     verify,
 )
 
@@ -170,6 +171,13 @@ SCENARIOS: tuple[Scenario, ...] = (
             "an empty home beside it: <= 2 wake-ups/s",
         ),
         run=descendants.run,
+    ),
+    Scenario(
+        number=16,
+        title="session.terminate of a 100-process session, all exiting on TERM",
+        baseline="the benchmark's own os.kill + waitpid of 100 sleeps",
+        targets=("terminate of a 100-process session, all exiting on TERM: p50 / p99",),
+        run=terminate.run,
     ),
 )
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -73,7 +73,7 @@ from capsule_client.protocol import (
 from . import heap
 from .answers import Answers
 from .changes import ChangeFeed
-from .errors import InternalError, ShuttingDown
+from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .flight import SingleFlight, Wanted
 from .looks import DescendantLooks
@@ -85,12 +85,15 @@ from .reader import (
     run_base,
 )
 from .sampler import Sampler, count_verification
+from .terminate import Target
 
 __all__ = ["NO_WATCHER_NOTE", "Discovery"]
 
 log = structlog.get_logger("capsuled.discovery")
 
 NO_WATCHER_NOTE: Final = "no watcher runs: every observation walks the home from scratch"
+#: Recent observations whose sampled start times are kept for :meth:`Discovery.session_processes`.
+_SAMPLED_KEPT: Final = 4
 
 
 def _observe(reader: ActiveSessionReader, verify_barrier_ns: int | None) -> Observation:
@@ -178,6 +181,8 @@ class Discovery:
             wake=self.wake,
         )
         self.changes.listener = self._changed
+        # observed_at → pid → sampled start time (``Observation.watched``), newest last.
+        self._sampled: dict[float, Mapping[int, float]] = {}
 
     # ----------------------------------------------------------------------
     # State for status
@@ -339,6 +344,7 @@ class Discovery:
         if not reader.trust_watcher:
             barrier_ns = None  # it walks from scratch
         observation = await anyio.to_thread.run_sync(_observe, reader, barrier_ns)
+        self._keep_sampled(observation)
         self._count(observation)
         if observation.home_replaced and reader is self._reader:
             self._restart_reader(observation)
@@ -347,6 +353,11 @@ class Discovery:
         self._pub.publish(observation.snapshot)
         self.looks.observed()
         return observation.snapshot
+
+    def _keep_sampled(self, observation: Observation) -> None:
+        self._sampled[observation.snapshot.observed_at] = observation.watched or {}
+        while len(self._sampled) > _SAMPLED_KEPT:
+            del self._sampled[next(iter(self._sampled))]
 
     def _count(self, observation: Observation) -> None:
         self.totals.observations += 1
@@ -408,3 +419,36 @@ class Discovery:
         drain until their ``timeout_ms`` (docs/design.md §8).
         """
         self._pub.end_long_polls()
+
+    # ----------------------------------------------------------------------
+    # session.terminate
+
+    async def session_processes(self, session_id: str) -> list[Target] | None:
+        """The live processes of ``session_id`` in a fresh observation (docs/design.md §7).
+
+        Fresh as ``sessions.snapshot {"max_age_ms": 0}`` (read-your-writes):
+        receipt processes, owned rows and descendants, each with the start
+        time the observation's sample read (a receipt's ``started_at`` may
+        differ from it by up to the receipt's tolerance).
+
+        Returns:
+            The session's processes, or None when it is not active.
+
+        Raises:
+            DiscoveryUnavailable: the observation is ``unavailable`` (its gaps
+                say why), still ``scanning`` at its timeout, or late.
+            ShuttingDown: the daemon is stopping.
+            InternalError: the observation failed on a defect.
+        """
+        snapshot = await self._answers.snapshot(SnapshotParams(max_age_ms=0))
+        if snapshot.discovery != "ready":
+            reason = snapshot.gaps[-1] if snapshot.gaps else "no reason given"  # the state's own
+            raise DiscoveryUnavailable(f"discovery {snapshot.discovery}: {reason}")
+        sampled = self._sampled.get(snapshot.observed_at, {})
+        for session in snapshot.sessions:
+            if session.session_id == session_id:
+                return [
+                    Target(p.pid, p.started_at, p.kind, sampled.get(p.pid))
+                    for p in session.processes
+                ]
+        return None

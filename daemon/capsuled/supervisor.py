@@ -45,6 +45,7 @@ from .handlers.sessions import (
     unsubscribe_handler,
 )
 from .handlers.status import StatusFigures, ping, status_handler
+from .handlers.terminate import terminate_handler
 from .home_setup import ensure_home
 from .jsonrpc import Dispatcher, Method
 from .lifecycle import Lifecycle
@@ -158,6 +159,9 @@ class Daemon:
                 "session.reconcile": reconciles.handle,
                 "sessions.subscribe": subscribe_handler(self.subscriptions),
                 "sessions.unsubscribe": unsubscribe_handler(self.subscriptions),
+                "session.terminate": terminate_handler(
+                    self.discovery.session_processes, self.totals
+                ),
             }
         )
 

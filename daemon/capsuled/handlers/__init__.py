@@ -10,7 +10,8 @@ event loop: handlers hand it to worker threads. Handlers that never wait
 (``ping``, ``status``) are plain functions, the others coroutines.
 
 Modules: :mod:`.status` (``ping``, ``status``), :mod:`.metrics` (``metrics``), :mod:`.sessions`
-(``sessions.*``, ``reader.rescan``), :mod:`.reconcile` (``session.reconcile``).
+(``sessions.*``, ``reader.rescan``), :mod:`.reconcile` (``session.reconcile``),
+:mod:`.terminate` (``session.terminate``).
 """
 
 from __future__ import annotations

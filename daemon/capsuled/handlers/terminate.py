@@ -1,0 +1,81 @@
+"""``session.terminate``: end every live process of a session (docs/design.md §7).
+
+The handler asks discovery for the session's processes in a fresh
+observation, hands them to :func:`capsuled.terminate.terminate` (pidfds, the
+grace, then ``SIGKILL``), lets it ask again during the grace for processes
+that appeared since, and counts the outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from capsule_client.protocol import StatusTotals, TerminateParams, TerminateReport
+
+from ..errors import NoSuchSession, RpcError
+from ..metrics import count_terminated
+from ..terminate import Target, terminate
+
+__all__ = ["SessionProcesses", "roots_first", "terminate_handler"]
+
+log = structlog.get_logger("capsuled.handlers")
+
+#: A session's live processes in a fresh observation, None when it is not active
+#: (:meth:`capsuled.discovery.Discovery.session_processes`).
+SessionProcesses = Callable[[str], Awaitable[list[Target] | None]]
+
+
+def terminate_handler(
+    session_processes: SessionProcesses, totals: StatusTotals
+) -> Callable[[TerminateParams], Awaitable[TerminateReport]]:
+    """The ``session.terminate`` handler.
+
+    Args:
+        session_processes: the session's processes now, from a fresh observation
+            (read-your-writes), each with the start time its sample read.
+        totals: the daemon's counters; each reported outcome is counted
+            (``terminated_<outcome>``, ``capsuled_terminated_processes_total``).
+
+    The handler raises ``NoSuchSession`` (-32007) when the session is not
+    active in the fresh observation, ``DiscoveryUnavailable`` (-32001) when
+    that observation could not say. Once signalling has begun, an
+    observation that fails during the grace only means no new processes
+    are found: the report still comes.
+    """
+
+    async def handle(params: TerminateParams) -> TerminateReport:
+        session_id = params.session_id
+        targets = await session_processes(session_id)
+        if targets is None:
+            raise NoSuchSession(session_id)
+
+        async def more() -> list[Target]:
+            try:
+                return roots_first(await session_processes(session_id) or [])
+            except RpcError as exc:  # unavailable, late, stopping: the ones known still end
+                log.debug("no fresh observation during the grace", error=exc.message)
+                return []
+
+        report = await terminate(
+            session_id,
+            roots_first(targets),
+            signal_name=params.signal,
+            grace_s=params.grace_ms / 1000,
+            more=more,
+        )
+        count_terminated(totals, (process.outcome for process in report.processes))
+        return report
+
+    return handle
+
+
+def roots_first(targets: list[Target]) -> list[Target]:
+    """The receipt processes and owned rows before the descendants, each in listed order.
+
+    Signalled in this order: a shell whose child got the signal first may
+    exit on its own (its ``wait`` returned) before its turn, and would be
+    reported ``gone`` instead of running its ``TERM`` trap.
+    """
+    return sorted(targets, key=lambda target: target.kind == "descendant")
