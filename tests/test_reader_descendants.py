@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 from sessions_support import Sleepers, World, pids, proc_state
 from support import wait_until
@@ -210,15 +212,20 @@ def test_no_look_runs_while_the_pid_counter_has_not_moved() -> None:
     counter = 7
     looked = 0
     ticks = 0
+    twenty_ticks = threading.Event()
+    looks_seen = {n: threading.Event() for n in (1, 2, 3)}
 
-    def look() -> bool:
+    def look() -> bool:  # in a worker thread
         nonlocal looked
         looked += 1
+        looks_seen[looked].set()
         return False
 
     def read_counter() -> int:
         nonlocal ticks
         ticks += 1
+        if ticks >= 20:
+            twenty_ticks.set()
         return counter
 
     async def main() -> None:
@@ -228,18 +235,13 @@ def test_no_look_runs_while_the_pid_counter_has_not_moved() -> None:
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(looks.run)
-            with anyio.fail_after(5):
-                while ticks < 20:  # twenty ticks with the same counter: one look
-                    await anyio.sleep(0.01)
+            # Twenty ticks with the same counter: one look.
+            await anyio.to_thread.run_sync(twenty_ticks.wait, 5)
             assert looked == 1 and looks.looks == 1
             counter = 8  # a process was started somewhere: the next tick looks
-            with anyio.fail_after(5):
-                while looked < 2:
-                    await anyio.sleep(0.01)
+            assert await anyio.to_thread.run_sync(looks_seen[2].wait, 5)
             looks.observed()  # new roots: the next tick looks whatever the counter says
-            with anyio.fail_after(5):
-                while looked < 3:
-                    await anyio.sleep(0.01)
+            assert await anyio.to_thread.run_sync(looks_seen[3].wait, 5)
             tg.cancel_scope.cancel()
 
     anyio.run(main)
