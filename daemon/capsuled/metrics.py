@@ -437,7 +437,7 @@ class TextfileWriter:
         min_interval_s: the least time between two writes, seconds.
     """
 
-    def __init__(self, path: Path, collector: Collector, *, min_interval_s: float = 5.0) -> None:
+    def __init__(self, path: Path, collector: Collector, *, min_interval_s: float = 2.0) -> None:
         self.path = path
         self._collector = collector
         self.min_interval_s = min_interval_s
