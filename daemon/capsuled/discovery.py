@@ -62,8 +62,6 @@ from anyio.abc import TaskStatus
 
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
-    DiscoveryCost,
-    DiscoveryState,
     SnapshotParams,
     StatusTotals,
     VerificationStatus,
@@ -73,7 +71,7 @@ from capsule_client.protocol import (
 from . import heap
 from .answers import Answers
 from .changes import ChangeFeed
-from .errors import DiscoveryUnavailable, InternalError, ShuttingDown
+from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .flight import SingleFlight, Wanted
 from .looks import DescendantLooks
@@ -85,7 +83,6 @@ from .reader import (
     run_base,
 )
 from .sampler import Sampler, count_verification
-from .terminate import Target
 
 __all__ = ["NO_WATCHER_NOTE", "Discovery"]
 
@@ -196,19 +193,6 @@ class Discovery:
     def latest(self) -> ActiveSessionsSnapshot | None:
         """The latest observation's answer, None before the first."""
         return self._pub.latest
-
-    @property
-    def state(self) -> DiscoveryState | None:
-        """The latest observation's ``discovery``, None before the first."""
-        return None if self._pub.latest is None else self._pub.latest.discovery
-
-    @property
-    def last_cost(self) -> DiscoveryCost | None:
-        return None if self._pub.latest is None else self._pub.latest.cost
-
-    @property
-    def last_observed_at(self) -> float | None:
-        return None if self._pub.latest is None else self._pub.latest.observed_at
 
     @property
     def notes(self) -> list[str]:
@@ -420,35 +404,7 @@ class Discovery:
         """
         self._pub.end_long_polls()
 
-    # ----------------------------------------------------------------------
-    # session.terminate
-
-    async def session_processes(self, session_id: str) -> list[Target] | None:
-        """The live processes of ``session_id`` in a fresh observation (docs/design.md §7).
-
-        Fresh as ``sessions.snapshot {"max_age_ms": 0}`` (read-your-writes):
-        receipt processes, owned rows and descendants, each with the start
-        time the observation's sample read (a receipt's ``started_at`` may
-        differ from it by up to the receipt's tolerance).
-
-        Returns:
-            The session's processes, or None when it is not active.
-
-        Raises:
-            DiscoveryUnavailable: the observation is ``unavailable`` (its gaps
-                say why), still ``scanning`` at its timeout, or late.
-            ShuttingDown: the daemon is stopping.
-            InternalError: the observation failed on a defect.
-        """
-        snapshot = await self._answers.snapshot(SnapshotParams(max_age_ms=0))
-        if snapshot.discovery != "ready":
-            reason = snapshot.gaps[-1] if snapshot.gaps else "no reason given"  # the state's own
-            raise DiscoveryUnavailable(f"discovery {snapshot.discovery}: {reason}")
-        sampled = self._sampled.get(snapshot.observed_at, {})
-        for session in snapshot.sessions:
-            if session.session_id == session_id:
-                return [
-                    Target(p.pid, p.started_at, p.kind, sampled.get(p.pid))
-                    for p in session.processes
-                ]
-        return None
+    def sampled_starts(self, observed_at: float) -> Mapping[int, float]:
+        """pid → the start time the sample of the observation made at ``observed_at``
+        read, for its answer's processes (empty for an observation no longer kept)."""
+        return self._sampled.get(observed_at, {})

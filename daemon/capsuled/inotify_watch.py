@@ -36,7 +36,7 @@ from .cookies import Cookies
 from .layout import STORE_FILES, Parts, entered, reader_cares
 from .polling import Look, Poller, open_directory
 
-__all__ = ["InotifyWatch", "WatchLost"]
+__all__ = ["InotifyWatch", "WatchLost", "WatchMap"]
 
 log = structlog.get_logger("capsuled.watcher")
 
@@ -65,6 +65,68 @@ class WatchLost(Exception):
     """The home itself was removed, moved or unmounted: start a new watch (and walk)."""
 
 
+class WatchMap:
+    """Watch descriptor ↔ path, one path per descriptor, and the watched or polled
+    directories indexed by parent (to forget a subtree at once)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[int, Parts] = {}  # wd → the one path it stands for
+        self._wds: dict[Parts, int] = {}
+        self._children: dict[Parts, set[Parts]] = {}  # watched or polled, by parent
+
+    def __len__(self) -> int:
+        return len(self._wds)
+
+    def __contains__(self, parts: Parts) -> bool:
+        return parts in self._wds
+
+    def path_of(self, wd: int) -> Parts | None:
+        """The path ``wd`` stands for, None for a watch removed since (or unknown)."""
+        return self._paths.get(wd)
+
+    def bind(self, parts: Parts, wd: int) -> int | None:
+        """``parts`` is watched by ``wd`` now; the descriptor it replaces, if any."""
+        old = self._wds.get(parts)
+        if old is not None and old != wd:  # the path's directory was replaced unseen
+            self._paths.pop(old, None)
+        else:
+            old = None
+        self._paths[wd] = parts
+        self._wds[parts] = wd
+        self.note(parts)
+        return old
+
+    def note(self, parts: Parts) -> None:
+        """Index a watched or polled directory under its parent."""
+        if parts:
+            self._children.setdefault(parts[:-1], set()).add(parts)
+
+    def known_below(self, parts: Parts) -> list[Parts]:
+        """The watched and polled directories below ``parts`` (not itself), parents first."""
+        found: list[Parts] = []
+        pending = [parts]
+        while pending:
+            children = self._children.get(pending.pop(), ())
+            found.extend(children)
+            pending.extend(children)
+        return found
+
+    def forget_below(self, parts: Parts) -> list[tuple[Parts, int | None]]:
+        """Forget ``parts`` and everything below it: each path with its descriptor (if watched)."""
+        forgotten: list[tuple[Parts, int | None]] = []
+        for known in [parts, *self.known_below(parts)]:
+            self._children.pop(known, None)
+            wd = self._wds.pop(known, None)
+            if wd is not None:
+                self._paths.pop(wd, None)
+            forgotten.append((known, wd))
+        if parts:
+            siblings = self._children.get(parts[:-1])
+            if siblings is not None:
+                siblings.discard(parts)
+        return forgotten
+
+
 class InotifyWatch:
     """One inotify instance watching the entered directories of one home.
 
@@ -86,9 +148,7 @@ class InotifyWatch:
         self._feed = feed
         self._poll_interval_s = poll_interval_s
         self._inotify: INotify | None = None
-        self._paths: dict[int, Parts] = {}  # wd → the one path it stands for
-        self._wds: dict[Parts, int] = {}
-        self._children: dict[Parts, set[Parts]] = {}  # watched or polled, by parent
+        self._map = WatchMap()
         self._polled: set[Parts] = set()
         self._poller = Poller(home)
         self._cookies = Cookies(home, feed)
@@ -99,7 +159,7 @@ class InotifyWatch:
     @property
     def watched(self) -> int:
         """Directories watched now."""
-        return len(self._wds)
+        return len(self._map)
 
     @property
     def polled(self) -> int:
@@ -194,10 +254,10 @@ class InotifyWatch:
                     raise  # the home cannot be watched: the caller polls instead
                 self._poll_instead(parts, exc)
                 return None
-            known = self._paths.get(wd)
+            known = self._map.path_of(wd)
             if known is None or known == parts:
                 break
-            if self._leads_to(known, before):
+            if _leads_to(os.path.join(self._home, *known), before):
                 # The same directory by a second path (a bind mount): the
                 # first path stays the watch's only one.
                 log.debug("directory already watched by another path", path=path, first=known)
@@ -207,25 +267,13 @@ class InotifyWatch:
             self._forget_below(known)
         else:
             return None
-        old = self._wds.get(parts)
-        if old is not None and old != wd:  # the path's directory was replaced unseen
-            self._paths.pop(old, None)
+        old = self._map.bind(parts, wd)
+        if old is not None:  # the path's directory was replaced unseen
             self._remove_watch(old)
-        self._paths[wd] = parts
-        self._wds[parts] = wd
-        self._note(parts)
         if parts in self._polled:
             self._polled.discard(parts)
             self._poller.forget(parts)
         return wd
-
-    def _leads_to(self, parts: Parts, st: os.stat_result) -> bool:
-        """Whether the path ``parts`` is (still) the directory ``st`` describes."""
-        try:
-            here = os.lstat(os.path.join(self._home, *parts))
-        except OSError:
-            return False
-        return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
 
     def _add_below(self, parts: Parts, *, recheck: bool = False) -> None:
         """Add the watches of the entered directories below ``parts`` (its own is added).
@@ -238,31 +286,14 @@ class InotifyWatch:
         pending = [parts]
         while pending:
             here = pending.pop()
-            try:
-                fd = open_directory(os.path.join(self._home, *here), follow=not here)
-            except OSError:
-                continue  # gone meanwhile, a link now, unreadable: the reader says which
-            try:
-                with os.scandir(fd) as entries:
-                    names = [
-                        entry.name
-                        for entry in entries
-                        if not entry.name.startswith(".")
-                        and entry.is_dir(follow_symlinks=False)
-                        and entered((*here, entry.name))
-                    ]
-            except OSError:
-                continue  # gone while listed
-            finally:
-                os.close(fd)
-            for name in names:
+            for name in _entered_directories(self._home, here):
                 child = (*here, name)
-                known = child in self._wds and not recheck
+                known = child in self._map and not recheck
                 if known or self._add(child) is not None or child in self._polled:
                     seen.add(child)
                     pending.append(child)
         if recheck:
-            for gone in [known for known in self._known_below(parts) if known not in seen]:
+            for gone in [known for known in self._map.known_below(parts) if known not in seen]:
                 self._forget_below(gone)
 
     def _poll_instead(self, parts: Parts, exc: OSError) -> None:
@@ -276,41 +307,19 @@ class InotifyWatch:
             poll_interval_s=self._poll_interval_s,
         )
         self._polled.add(parts)
-        self._note(parts)
+        self._map.note(parts)
         self._poller.look(parts, Look(), report=False)
         # What was created before the first look is the reader's to find.
         self._feed.add([self._absolute(parts)])
 
-    def _note(self, parts: Parts) -> None:
-        """Index a watched or polled directory under its parent (for forgetting subtrees)."""
-        if parts:
-            self._children.setdefault(parts[:-1], set()).add(parts)
-
-    def _known_below(self, parts: Parts) -> list[Parts]:
-        """The watched and polled directories below ``parts`` (not itself), parents first."""
-        found: list[Parts] = []
-        pending = [parts]
-        while pending:
-            children = self._children.get(pending.pop(), ())
-            found.extend(children)
-            pending.extend(children)
-        return found
-
     def _forget_below(self, parts: Parts) -> None:
         """Drop the watches (and polls) of ``parts`` and everything below it."""
-        for known in [parts, *self._known_below(parts)]:
-            self._children.pop(known, None)
-            wd = self._wds.pop(known, None)
+        for known, wd in self._map.forget_below(parts):
             if wd is not None:
-                self._paths.pop(wd, None)
                 self._remove_watch(wd)
             if known in self._polled:
                 self._polled.discard(known)
                 self._poller.forget(known)
-        if parts:
-            siblings = self._children.get(parts[:-1])
-            if siblings is not None:
-                siblings.discard(parts)
 
     def _remove_watch(self, wd: int) -> None:
         assert self._inotify is not None
@@ -346,7 +355,7 @@ class InotifyWatch:
             if event.mask & flags.Q_OVERFLOW:
                 self._overflowed()
                 continue
-            parts = self._paths.get(event.wd)
+            parts = self._map.path_of(event.wd)
             if parts is None:
                 continue  # a watch removed since, or a second path's
             if event.mask & _GONE:
@@ -418,10 +427,41 @@ class InotifyWatch:
                 self._add_below(parts)
             elif parts in self._polled:
                 for child in self._poller.look(parts, look):
-                    if child not in self._wds and child not in self._polled:
+                    if child not in self._map and child not in self._polled:
                         if self._add(child) is not None or child in self._polled:
                             self._add_below(child)
         self._flush(look)
 
     def _absolute(self, parts: Parts) -> Path:
         return Path(self._home, *parts)
+
+
+def _leads_to(path: str, st: os.stat_result) -> bool:
+    """Whether ``path`` is (still) the directory ``st`` describes (``lstat``)."""
+    try:
+        here = os.lstat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _entered_directories(home: str, here: Parts) -> list[str]:
+    """The names of the entered directories in ``here`` (links are not directories);
+    none when ``here`` is gone, a link now, or unreadable (the reader says which)."""
+    try:
+        fd = open_directory(os.path.join(home, *here), follow=not here)
+    except OSError:
+        return []
+    try:
+        with os.scandir(fd) as entries:
+            return [
+                entry.name
+                for entry in entries
+                if not entry.name.startswith(".")
+                and entry.is_dir(follow_symlinks=False)
+                and entered((*here, entry.name))
+            ]
+    except OSError:
+        return []  # gone while listed
+    finally:
+        os.close(fd)

@@ -45,7 +45,7 @@ from .handlers.sessions import (
     unsubscribe_handler,
 )
 from .handlers.status import StatusFigures, ping, status_handler
-from .handlers.terminate import terminate_handler
+from .handlers.terminate import fresh_session_processes, terminate_handler
 from .home_setup import ensure_home
 from .jsonrpc import Dispatcher, Method
 from .lifecycle import Lifecycle
@@ -160,7 +160,7 @@ class Daemon:
                 "sessions.subscribe": subscribe_handler(self.subscriptions),
                 "sessions.unsubscribe": unsubscribe_handler(self.subscriptions),
                 "session.terminate": terminate_handler(
-                    self.discovery.session_processes, self.totals
+                    fresh_session_processes(self.discovery), self.totals
                 ),
             }
         )

@@ -974,12 +974,12 @@ class PolledReaderModel(ReaderModel):
 
 
 ReaderModel.TestCase.settings = settings(
-    max_examples=20,
+    max_examples=14,
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-PolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=12)
+PolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=8)
 TestReaderModel = pytest.mark.slow(ReaderModel.TestCase)
 TestPolledReaderModel = pytest.mark.slow(PolledReaderModel.TestCase)
 

@@ -12,8 +12,7 @@ from typing import Protocol
 import msgspec
 
 from capsule_client.protocol import (
-    DiscoveryCost,
-    DiscoveryState,
+    ActiveSessionsSnapshot,
     ExitWatchMode,
     NoParams,
     PingResult,
@@ -54,11 +53,7 @@ class DiscoveryFigures(Protocol):
     """What ``status`` shows of session discovery (:class:`capsuled.discovery.Discovery`)."""
 
     @property
-    def state(self) -> DiscoveryState | None: ...
-    @property
-    def last_observed_at(self) -> float | None: ...
-    @property
-    def last_cost(self) -> DiscoveryCost | None: ...
+    def latest(self) -> ActiveSessionsSnapshot | None: ...
     @property
     def notes(self) -> list[str]: ...
     @property
@@ -114,7 +109,7 @@ def status_handler(figures: StatusFigures) -> Callable[[NoParams], StatusResult]
     def status(params: NoParams) -> StatusResult:
         discovery, watcher = figures.discovery, figures.watcher
         watcher_mode = watcher.mode
-        discovery_state = discovery.state
+        latest = discovery.latest
         verification = discovery.verification
         if watcher_mode == "off":  # no watch, no verification runs
             verification = msgspec.structs.replace(verification, interval_s=None)
@@ -126,9 +121,9 @@ def status_handler(figures: StatusFigures) -> Callable[[NoParams], StatusResult]
             started_at=figures.started_at,
             uptime_s=round(time.monotonic() - figures.started_monotonic, 3),
             watcher=watcher_mode,
-            discovery=discovery_state,
-            last_observed_at=discovery.last_observed_at,
-            last_cost=discovery.last_cost,
+            discovery=None if latest is None else latest.discovery,
+            last_observed_at=None if latest is None else latest.observed_at,
+            last_cost=None if latest is None else latest.cost,
             totals=figures.totals,
             clients=figures.clients(),
             notes=[*discovery.notes, *watcher.notes],

@@ -12,19 +12,50 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from capsule_client.protocol import StatusTotals, TerminateParams, TerminateReport
+from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
 
-from ..errors import NoSuchSession, RpcError
+from ..discovery import Discovery
+from ..errors import DiscoveryUnavailable, NoSuchSession, RpcError
 from ..metrics import count_terminated
 from ..terminate import Target, terminate
 
-__all__ = ["SessionProcesses", "roots_first", "terminate_handler"]
+__all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
 
 log = structlog.get_logger("capsuled.handlers")
 
 #: A session's live processes in a fresh observation, None when it is not active
-#: (:meth:`capsuled.discovery.Discovery.session_processes`).
+#: (:func:`fresh_session_processes`).
 SessionProcesses = Callable[[str], Awaitable[list[Target] | None]]
+
+
+def fresh_session_processes(discovery: Discovery) -> SessionProcesses:
+    """``session_id`` → its live processes in a fresh observation (docs/design.md §7).
+
+    Fresh as ``sessions.snapshot {"max_age_ms": 0}`` (read-your-writes):
+    receipt processes, owned rows and descendants, each with the start time
+    the observation's sample read (a receipt's ``started_at`` may differ from
+    it by up to the receipt's tolerance). None when the session is not active.
+
+    The returned coroutine raises ``DiscoveryUnavailable`` (the observation is
+    ``unavailable``, still ``scanning`` at its timeout, or late),
+    ``ShuttingDown`` and ``InternalError`` as ``sessions.snapshot`` does.
+    """
+
+    async def session_processes(session_id: str) -> list[Target] | None:
+        snapshot = await discovery.snapshot(SnapshotParams(max_age_ms=0))
+        if snapshot.discovery != "ready":
+            reason = snapshot.gaps[-1] if snapshot.gaps else "no reason given"  # the state's own
+            raise DiscoveryUnavailable(f"discovery {snapshot.discovery}: {reason}")
+        sampled = discovery.sampled_starts(snapshot.observed_at)
+        for session in snapshot.sessions:
+            if session.session_id == session_id:
+                return [
+                    Target(p.pid, p.started_at, p.kind, sampled.get(p.pid))
+                    for p in session.processes
+                ]
+        return None
+
+    return session_processes
 
 
 def terminate_handler(
