@@ -235,6 +235,9 @@ class Candidates:
         self._by_pid: dict[int, dict[str, None]] = {}  # pid → candidate keys
         self._gap_counts: dict[str, int] = {}  # candidate gaps (invalid input ids)
         self._moves: Moves = {}
+        # (pid, started_at, owner) → the owned candidates naming that process: the
+        # sessions' receipt roots of the descendants, kept as owners move.
+        self._owned: dict[tuple[int, int, str], int] = {}
         self.unasked: set[str] = set()
         self.revision = 0
         self.gaps_revision = 0
@@ -286,6 +289,7 @@ class Candidates:
         self.unasked.clear()
         self._gap_counts.clear()
         self._moves.clear()
+        self._owned.clear()
         self.regroup = True
 
     def put(self, key: str, candidate: Candidate) -> None:
@@ -349,12 +353,23 @@ class Candidates:
         if candidate.process is not None:
             self._move(owner, candidate.process, added=True)
 
+    def owned_processes(self) -> dict[tuple[int, int], str]:
+        """(pid, started_at) → owner of every owned candidate's process (one owner each)."""
+        return {(pid, started_at): owner for pid, started_at, owner in self._owned}
+
     def take_moves(self) -> Moves:
         """The moves journaled since the last call (emptied)."""
         moves, self._moves = self._moves, {}
         return moves
 
     def _move(self, owner: str | None, process: SessionProcess, *, added: bool) -> None:
+        if owner is not None:
+            key = (process.pid, process.started_at, owner)
+            count = self._owned.get(key, 0) + (1 if added else -1)
+            if count > 0:
+                self._owned[key] = count
+            else:
+                self._owned.pop(key, None)
         if self.regroup:
             return
         removed_list, added_list = self._moves.setdefault(owner, ([], []))

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from capsuled.descendants import Descendant, DescendantTracker
 from capsuled.processes import ProcessSample, matches_start
 from capsuled.proctable import ProcessTable
-from capsuled.reader.candidates import UNASKED, Candidates
+from capsuled.reader.candidates import Candidates
 from capsuled.reader.ownership import Owners
 
 __all__ = ["Lineage", "roots_of"]
@@ -45,12 +45,7 @@ def roots_of(
 
     An unowned receipt's process is no root: its children belong to no session.
     """
-    roots: dict[tuple[int, int], str] = {}
-    for candidate in candidates.values():
-        owner, process = candidate.owner, candidate.process
-        if process is not None and owner is not None and owner is not UNASKED:
-            assert isinstance(owner, str)
-            roots[process.pid, process.started_at] = owner
+    roots = candidates.owned_processes()  # kept as owners move: O(the processes), not receipts
     for pid, rows in owners.rows.items():
         for started_at, session_id in rows:
             if matches_start(sample, pid, started_at, tolerance_s):
