@@ -53,3 +53,9 @@ def test_the_client_library_does_not_import_prometheus_client() -> None:
     assert done.stdout.strip() == "False", done.stderr
     requires = importlib.metadata.requires("capsuled") or []
     assert any(re.match(r"prometheus[_-]client\b", r) for r in requires), requires
+
+
+def test_the_daemon_reports_the_installed_version() -> None:
+    import capsuled
+
+    assert capsuled.__version__ == importlib.metadata.version("capsuled")

@@ -10,7 +10,6 @@ JSON document; without it, output is for people and may change.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -214,6 +213,8 @@ def _socket_path(text: str) -> str:
 
 def _version() -> str:
     """The installed distribution's version (the daemon's too: they ship together)."""
+    import importlib.metadata  # only for --version: it costs every other command its import
+
     try:
         return importlib.metadata.version("capsuled")
     except importlib.metadata.PackageNotFoundError:

@@ -1,10 +1,7 @@
 """capsuled: the per-user daemon that answers snapshot and reconcile (docs/design.md)."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("capsuled")
-except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    __version__ = "0.0.0+unknown"
+#: The distribution's version, written here once: pyproject.toml reads it at build
+#: time, so a start of the daemon does not load ``importlib.metadata`` for it.
+__version__ = "0.1.0"
 
 __all__ = ["__version__"]
