@@ -279,8 +279,11 @@ def test_an_unwritable_textfile_is_logged_once_and_the_daemon_serves_on(short_di
                 assert client.ping().pong  # changes the figures: more writes are due
         target.parent.mkdir()
         wait_until(target.exists, timeout_s=15, message="the textfile written on a retry")
+        # The line is logged just after the rename that made the file appear.
+        wait_until(
+            lambda: "metrics textfile written again" in daemon.logs(), message="the recovery line"
+        )
         assert daemon.logs().count("cannot write the metrics textfile") == 1
-        assert "metrics textfile written again" in daemon.logs()
         with Client(daemon.socket_path) as client:
             assert client.ping().pong
 
