@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 import anyio
 import msgspec
 import pytest
-from sessions_support import DEADLINE_S, proc_state
+from sessions_support import DEADLINE_S, Processes, proc_state
 from support import wait_until
 
 from capsule_client.protocol import TerminateReport
@@ -23,48 +23,12 @@ from capsuled.terminate import START_TOLERANCE_S, Target, terminate
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 
-#: A child that ignores SIGTERM and says so once it does (the handler is set before the line).
-IGNORES_TERM = "import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
-    "print('ready', flush=True); time.sleep(300)"
-)
-
-
 SLEEP = ["sleep", "300"]
 
 
-class Pool:
-    """Real processes started by the test, all killed and reaped afterwards."""
-
-    def __init__(self) -> None:
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def start(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload]
-        self.processes.append(process)
-        return process
-
-    def sleep(self) -> subprocess.Popen[bytes]:
-        process = self.start(["sleep", "300"])
-        wait_until(lambda: proc_state(process.pid) == "S", message=f"sleep {process.pid} running")
-        return process
-
-    def ignoring_term(self) -> subprocess.Popen[bytes]:
-        process = self.start([sys.executable, "-c", IGNORES_TERM], stdout=subprocess.PIPE)
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        return process
-
-    def close(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=DEADLINE_S)
-            if process.stdout is not None:
-                process.stdout.close()
-
-
 @pytest.fixture
-def pool() -> Iterator[Pool]:
-    processes = Pool()
+def pool() -> Iterator[Processes]:
+    processes = Processes()
     try:
         yield processes
     finally:
@@ -90,7 +54,7 @@ def outcomes(report: TerminateReport) -> dict[int, str]:
     return {process.pid: process.outcome for process in report.processes}
 
 
-def test_processes_that_obey_term_exit(pool: Pool) -> None:
+def test_processes_that_obey_term_exit(pool: Processes) -> None:
     sleeps = [pool.sleep() for _ in range(3)]
     report = run([target(p.pid) for p in sleeps], grace_s=DEADLINE_S)
     assert outcomes(report) == {p.pid: "exited" for p in sleeps}
@@ -98,7 +62,7 @@ def test_processes_that_obey_term_exit(pool: Pool) -> None:
     assert report.session_id == "ses_test" and report.duration_ms < DEADLINE_S * 1000
 
 
-def test_a_process_that_ignores_term_is_killed_after_the_grace(pool: Pool) -> None:
+def test_a_process_that_ignores_term_is_killed_after_the_grace(pool: Processes) -> None:
     stubborn, obedient = pool.ignoring_term(), pool.sleep()
     began = time.monotonic()
     report = run([target(stubborn.pid), target(obedient.pid)], grace_s=0.3)
@@ -107,14 +71,14 @@ def test_a_process_that_ignores_term_is_killed_after_the_grace(pool: Pool) -> No
     assert 300 <= report.duration_ms <= (time.monotonic() - began) * 1000 + 1
 
 
-def test_kill_first_is_killed_without_a_grace(pool: Pool) -> None:
+def test_kill_first_is_killed_without_a_grace(pool: Processes) -> None:
     stubborn = pool.ignoring_term()
     report = run([target(stubborn.pid)], signal_name="KILL", grace_s=60.0)
     assert outcomes(report) == {stubborn.pid: "killed"}
     assert report.duration_ms < 30_000
 
 
-def test_int_and_hup_are_what_is_sent(pool: Pool) -> None:
+def test_int_and_hup_are_what_is_sent(pool: Processes) -> None:
     first, second = pool.sleep(), pool.sleep()
     assert outcomes(run([target(first.pid)], signal_name="INT")) == {first.pid: "exited"}
     assert outcomes(run([target(second.pid)], signal_name="HUP")) == {second.pid: "exited"}
@@ -122,7 +86,7 @@ def test_int_and_hup_are_what_is_sent(pool: Pool) -> None:
     assert second.wait(timeout=DEADLINE_S) == -signal.SIGHUP
 
 
-def test_a_process_already_gone_is_reported_gone(pool: Pool) -> None:
+def test_a_process_already_gone_is_reported_gone(pool: Processes) -> None:
     dead, zombie = pool.sleep(), pool.sleep()
     observed = [target(dead.pid), target(zombie.pid)]
     dead.kill()
@@ -133,7 +97,7 @@ def test_a_process_already_gone_is_reported_gone(pool: Pool) -> None:
     assert outcomes(report) == {dead.pid: "gone", zombie.pid: "gone"}
 
 
-def test_a_start_time_that_does_not_match_is_gone_and_untouched(pool: Pool) -> None:
+def test_a_start_time_that_does_not_match_is_gone_and_untouched(pool: Processes) -> None:
     sleep = pool.sleep()
     seen = target(sleep.pid)
     older = Target(sleep.pid, seen.started_at - 60, "process", seen.start_s - 60)  # type: ignore[operator]
@@ -150,7 +114,7 @@ def _write_ns_last_pid(value: int) -> bool:
     return True
 
 
-def test_a_reused_pid_is_never_signalled(pool: Pool) -> None:
+def test_a_reused_pid_is_never_signalled(pool: Processes) -> None:
     """The observed process exits, its pid is given to an unrelated one: that one lives."""
     if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK) or os.geteuid() != 0:
         pytest.skip("forcing a pid's reuse needs a writable /proc/sys/kernel/ns_last_pid (root)")
@@ -184,7 +148,7 @@ def test_protected_pids_are_refused_and_untouched() -> None:
     assert all("never signalled" in str(p.error) for p in report.processes)
 
 
-def test_a_process_of_another_user_is_refused(pool: Pool) -> None:
+def test_a_process_of_another_user_is_refused(pool: Processes) -> None:
     if os.geteuid() != 0:
         pytest.skip("starting a process of another uid needs root")
     other = pool.start(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *SLEEP])
@@ -209,7 +173,7 @@ def test_a_process_of_another_user_is_refused(pool: Pool) -> None:
     assert other.poll() is None and proc_state(other.pid) == "S"
 
 
-def test_descendants_that_appear_during_the_grace_are_signalled(pool: Pool) -> None:
+def test_descendants_that_appear_during_the_grace_are_signalled(pool: Processes) -> None:
     stubborn = pool.ignoring_term()
     late: list[subprocess.Popen[bytes]] = []
 
@@ -224,7 +188,7 @@ def test_descendants_that_appear_during_the_grace_are_signalled(pool: Pool) -> N
     assert {p.kind for p in report.processes} == {"process", "descendant"}
 
 
-def test_two_hundred_processes_in_one_call(pool: Pool) -> None:
+def test_two_hundred_processes_in_one_call(pool: Processes) -> None:
     sleeps = [pool.start(["sleep", "300"]) for _ in range(200)]
     wait_until(lambda: all(proc_state(p.pid) == "S" for p in sleeps), message="200 sleeps running")
     report = run([target(p.pid) for p in sleeps], grace_s=DEADLINE_S)
@@ -233,7 +197,7 @@ def test_two_hundred_processes_in_one_call(pool: Pool) -> None:
     assert all(p.wait(timeout=DEADLINE_S) == -signal.SIGTERM for p in sleeps)
 
 
-def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Pool) -> None:
+def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Processes) -> None:
     """The session's processes and its descendants, as the tracker finds them, end together:
     the shell's TERM trap starts a clean-up as the shell exits; the clean-up is signalled too."""
     script = "trap 'sleep 300 & echo $!; exit 0' TERM; sleep 300 & echo $!; wait"
@@ -269,7 +233,7 @@ def test_a_clean_up_started_by_a_term_trap_is_found_and_signalled(pool: Pool) ->
 
 
 def test_orphaned_sleeps_of_a_killed_shell_are_still_the_sessions_and_end_with_it(
-    pool: Pool,
+    pool: Processes,
 ) -> None:
     """The shell under a receipt is killed; its two sleeps stay listed; terminate ends them."""
     shell = pool.start(
@@ -294,7 +258,7 @@ def test_orphaned_sleeps_of_a_killed_shell_are_still_the_sessions_and_end_with_i
     assert tracker.look({}) == {}
 
 
-def test_without_pidfds_the_start_time_is_checked_before_kill(pool: Pool) -> None:
+def test_without_pidfds_the_start_time_is_checked_before_kill(pool: Processes) -> None:
     obedient, stubborn, dead = pool.sleep(), pool.ignoring_term(), pool.sleep()
     observed = [target(obedient.pid), target(stubborn.pid), target(dead.pid)]
     dead.kill()

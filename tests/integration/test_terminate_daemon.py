@@ -22,7 +22,7 @@ import msgspec
 import psutil
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from sessions_support import DEADLINE_S, proc_state
+from sessions_support import DEADLINE_S, Processes, proc_state
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client, NoSuchSession
@@ -35,12 +35,6 @@ from capsuled.exits import pidfds_supported
 from capsuled.terminate import START_TOLERANCE_S
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
-
-#: A child that ignores SIGTERM and says so once it does (the handler is set before the line).
-IGNORES_TERM = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('ready', flush=True); time.sleep(300)"
-)
 
 #: A session process that starts a ``setsid`` grandchild (through a shell that stays) and a
 #: double-fork daemon (its middle process exits at once), prints both pids, then waits.
@@ -63,52 +57,6 @@ daemon_pid = int(os.read(read_end, 64))
 print(shell.pid, setsid_pid, daemon_pid, flush=True)
 time.sleep(300)
 """
-
-
-class Processes:
-    """Processes the test started, directly or not: whatever still runs is killed at the end.
-
-    Each is remembered by (pid, create time), so a pid reused since is never killed.
-    """
-
-    def __init__(self) -> None:
-        self.popens: list[subprocess.Popen[bytes]] = []
-        self.others: list[psutil.Process] = []
-
-    def start(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload]
-        self.popens.append(process)
-        return process
-
-    def sleep(self) -> subprocess.Popen[bytes]:
-        process = self.start(["sleep", "300"])
-        wait_until(lambda: proc_state(process.pid) == "S", message=f"sleep {process.pid} running")
-        return process
-
-    def ignoring_term(self) -> subprocess.Popen[bytes]:
-        process = self.start([sys.executable, "-c", IGNORES_TERM], stdout=subprocess.PIPE)
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        return process
-
-    def adopt(self, pid: int) -> None:
-        """A process the test did not start itself (a grandchild); one already gone is not kept."""
-        try:
-            self.others.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-
-    def close(self) -> None:
-        for other in self.others:
-            try:
-                other.kill()  # psutil checks the create time first
-            except psutil.Error:
-                pass
-        for process in self.popens:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=DEADLINE_S)
-            if process.stdout is not None:
-                process.stdout.close()
 
 
 @pytest.fixture
