@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 import anyio
 import msgspec
 import pytest
+import structlog
+import structlog.testing
 from sessions_support import DEADLINE_S, Processes, proc_state
 from support import wait_until
 
@@ -69,6 +71,16 @@ def test_a_process_that_ignores_term_is_killed_after_the_grace(pool: Processes) 
     assert outcomes(report) == {stubborn.pid: "killed", obedient.pid: "exited"}
     assert stubborn.wait(timeout=DEADLINE_S) == -signal.SIGKILL
     assert 300 <= report.duration_ms <= (time.monotonic() - began) * 1000 + 1
+
+
+def test_each_call_is_logged_at_info_with_the_count_of_each_outcome(pool: Processes) -> None:
+    stubborn, obedient = pool.ignoring_term(), pool.sleep()
+    with structlog.testing.capture_logs() as logs:
+        run([target(stubborn.pid), target(obedient.pid)], grace_s=0.3)
+    [entry] = [e for e in logs if e["event"] == "session terminated"]
+    assert entry["log_level"] == "info" and entry["session_id"] == "ses_test"
+    assert entry["signal"] == "TERM" and entry["processes"] == 2
+    assert (entry["exited"], entry["killed"], entry["gone"], entry["refused"]) == (1, 1, 0, 0)
 
 
 def test_kill_first_is_killed_without_a_grace(pool: Processes) -> None:
