@@ -14,6 +14,8 @@ the home and everything asynchronous around it:
 * **descendant looks** (:mod:`capsuled.looks`): between observations, a
   look every second for the sessions' new or exited descendants, only while
   some session has a live process; a change wakes the sampler;
+* **commits on their way** (:mod:`capsuled.commit_wait`): an observation
+  that found the store's write lock held owes another once it is free;
 * **verification**: every ``verify_interval_s``, a barrier through the watch,
   then an observation that verifies (docs/design.md §5); what it finds the
   watch missed is logged at warning and counted in :attr:`verification`;
@@ -71,6 +73,7 @@ from capsule_client.protocol import (
 from . import heap
 from .answers import Answers
 from .changes import ChangeFeed
+from .commit_wait import CommitWait
 from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from .flight import SingleFlight, Wanted
@@ -177,6 +180,7 @@ class Discovery:
             active=lambda: self._reader.lineage.active,
             wake=self.wake,
         )
+        self.commits = CommitWait(writing=lambda: self._reader.ownership.writing(), wake=self.wake)
         self.changes.listener = self._changed
         # observed_at → pid → sampled start time (``Observation.watched``), newest last.
         self._sampled: dict[float, Mapping[int, float]] = {}
@@ -246,6 +250,7 @@ class Discovery:
                 self._single.task_group = tg
                 await tg.start(self.exits.serve)
                 tg.start_soon(self.looks.run)
+                tg.start_soon(self.commits.run)
                 task_status.started()
                 try:
                     await self._sampler.run()
@@ -334,6 +339,8 @@ class Discovery:
             self._restart_reader(observation)
         if observation.watched is not None:
             self.exits.track(observation.watched)
+        if observation.store_writing:
+            self.commits.owe()  # a commit heard may land after the version was read
         self._pub.publish(observation.snapshot)
         self.looks.observed()
         return observation.snapshot

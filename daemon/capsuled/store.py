@@ -37,6 +37,8 @@ from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
 
+from .store_writer import WriterProbe
+
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 
 #: The files SQLite opens by path for a store: the database, its WAL, its
@@ -104,6 +106,15 @@ class OwnershipReader:
         self._identity: tuple[int, int] | None = None
         #: Questions that read tables.
         self.queries = 0
+        self._writer = WriterProbe(str(path))
+
+    def writing(self) -> bool:
+        """Whether a writer's transaction is open now: a commit heard may not be readable yet.
+
+        Ask it before :meth:`version`: free then, every commit the watch has
+        reported is in that version (``capsuled.store_writer``). Thread-safe.
+        """
+        return self._writer.writing()
 
     def close(self) -> None:
         """Close the connection (a later query opens it again)."""
@@ -111,6 +122,7 @@ class OwnershipReader:
             self._db.close()
         self._db = None
         self._identity = None
+        self._writer.close()  # after the connection: closing it drops this process's locks
 
     def version(self) -> StoreVersion:
         """A value that differs whenever the store may have changed since the last call.

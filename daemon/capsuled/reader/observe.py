@@ -96,12 +96,17 @@ class Observation:
             exit changes the answer (``capsuled.exits`` watches them). None
             when the observation could not say (``unavailable``).
         verified: what a verification found; None when it did not verify.
+        store_writing: a writer's transaction was open when the store's
+            version was read: a commit the watch reported may have been
+            unreadable yet, so an observation is owed once it ends
+            (:meth:`~capsuled.store.OwnershipReader.writing`).
     """
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
     watched: Mapping[int, float] | None = None
     verified: Verified | None = None
+    store_writing: bool = False
 
 
 class ActiveSessionReader:
@@ -170,6 +175,7 @@ class ActiveSessionReader:
         self._owners = Owners()
         self._projection = Projection()
         self._pending: set[str] = set()
+        self._store_writing = False  # this observation's, see Observation.store_writing
         self._table: ProcessTable | None = None  # the latest sample's, for the descendants
         #: The sessions' descendants, also looked for between observations.
         self.lineage = Lineage()
@@ -220,6 +226,7 @@ class ActiveSessionReader:
         home_replaced = False
         watched: dict[int, float] | None = None
         verified: Verified | None = None
+        self._store_writing = False
         try:
             watched, verified = self._observe_into(snapshot, verify_barrier_ns)
         except ObservationCancelled:
@@ -238,7 +245,9 @@ class ActiveSessionReader:
         cost.retained = len(self._candidates)
         snapshot.gaps = [wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced, watched, verified)
+        return Observation(
+            self.generations.stamp(snapshot), home_replaced, watched, verified, self._store_writing
+        )
 
     def _observe_into(
         self, snapshot: ActiveSessionsSnapshot, verify_barrier_ns: int | None
@@ -303,6 +312,9 @@ class ActiveSessionReader:
             self._walk.rescan = True
         self._take_changes()
         self._cost.dirty_paths = len(self._pending)
+        # Before the version: a write transaction open now may hold a commit
+        # that the watch reported but the version cannot show yet.
+        self._store_writing = self.ownership.writing()
         version = self.ownership.version()
         self._resample()
         verified = None
