@@ -17,14 +17,16 @@ __all__ = ["ChangeFeed", "Changes"]
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    """Changed paths (absolute), whether a full rescan is owed, whether the store was written."""
+    """Changed paths (absolute), whether a full rescan is owed, whether the store was
+    written, whether the home's own mode or owner changed."""
 
     paths: frozenset[Path] = field(default_factory=frozenset)
     rescan: bool = False
     store: bool = False
+    home: bool = False
 
     def __bool__(self) -> bool:
-        return self.rescan or self.store or bool(self.paths)
+        return self.rescan or self.store or self.home or bool(self.paths)
 
 
 class ChangeFeed:
@@ -43,6 +45,7 @@ class ChangeFeed:
         self._paths: set[Path] = set()
         self._rescan = False
         self._store = False
+        self._home = False
         self._generation = 0
         self.listener: Callable[[], None] | None = None
 
@@ -74,13 +77,24 @@ class ChangeFeed:
             self._store = True
         self._notify()
 
+    def home_changed(self) -> None:
+        """The home's own mode or owner changed: answers must be observed again.
+
+        No path becomes pending (a walk is not owed): each observation checks
+        the home's strictness itself (docs/design.md §3).
+        """
+        with self._lock:
+            self._home = True
+        self._notify()
+
     def drain(self) -> Changes:
         """Take everything recorded so far and leave the feed empty."""
         with self._lock:
-            changes = Changes(frozenset(self._paths), self._rescan, self._store)
+            changes = Changes(frozenset(self._paths), self._rescan, self._store, self._home)
             self._paths = set()
             self._rescan = False
             self._store = False
+            self._home = False
             return changes
 
     def _notify(self) -> None:
@@ -96,4 +110,4 @@ class ChangeFeed:
 
     def __bool__(self) -> bool:
         with self._lock:
-            return self._rescan or self._store or bool(self._paths)
+            return self._rescan or self._store or self._home or bool(self._paths)

@@ -360,8 +360,11 @@ class InotifyWatch:
                 continue  # a watch removed since, or a second path's
             if event.mask & _GONE:
                 self._watch_gone(parts, event.mask)
-            elif event.name:  # not the directory's own attributes
+            elif event.name:
                 self._entry_changed((*parts, event.name), event.mask, look)
+            elif not parts and event.mask & flags.ATTRIB:
+                look.home = True  # its mode or owner: its strictness (docs/design.md §3)
+            # A subdirectory's own chmod or chown says nothing its entries' events do not.
         self._flush(look)
 
     def _watch_gone(self, parts: Parts, mask: int) -> None:
@@ -380,7 +383,7 @@ class InotifyWatch:
             if len(child) == 1 and self._cookies.ours(name):
                 self._flush(look)  # everything before the cookie is fed first
                 look.paths.clear()
-                look.store = False
+                look.store = look.home = False
                 self._cookies.arrived(name)
             return
         if child in STORE_FILES:
@@ -404,6 +407,8 @@ class InotifyWatch:
             self._feed.add([self._absolute(parts) for parts in look.paths])
         if look.store:
             self._feed.store_changed()
+        if look.home:
+            self._feed.home_changed()
 
     def _overflowed(self) -> None:
         self.overflows += 1

@@ -43,13 +43,15 @@ class HomeMissing(Exception):
 
 @dataclass(slots=True)
 class Look:
-    """What a look found: changed paths the reader cares about, whether the store was written."""
+    """What a look found: changed paths the reader cares about, whether the store was
+    written, whether the home's own mode or owner changed."""
 
     paths: set[Parts] = field(default_factory=set)
     store: bool = False
+    home: bool = False
 
     def __bool__(self) -> bool:
-        return self.store or bool(self.paths)
+        return self.store or self.home or bool(self.paths)
 
 
 class _NoEntries:
@@ -76,6 +78,7 @@ class Poller:
         self._home = home
         self._seen: dict[Parts, dict[str, _EntrySignature]] = {}
         self._home_identity: tuple[int, int] | None = None
+        self._home_owner: tuple[int, int] | None = None  # (mode, uid): its strictness
 
     @property
     def directories(self) -> int:
@@ -87,6 +90,9 @@ class Poller:
 
         The first walk only remembers (it reports nothing). A directory that
         appeared is looked at in the same walk; one that went away is forgotten.
+
+        The home's own mode and owner are compared too (``Look.home``): its
+        strictness is checked by each observation (docs/design.md §3).
 
         Raises:
             HomeMissing: the home is missing or was replaced since the first walk.
@@ -103,6 +109,9 @@ class Poller:
         first = self._home_identity is None
         self._home_identity = identity
         look = Look()
+        owner = (st.st_mode, st.st_uid)
+        look.home = not first and owner != self._home_owner
+        self._home_owner = owner
         present: set[Parts] = set()
         pending: list[Parts] = [()]
         while pending:

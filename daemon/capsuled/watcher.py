@@ -125,6 +125,8 @@ class _PollingWatch:
             self._feed.add(Path(self._home, *parts) for parts in look.paths)
         if look.store:
             self._feed.store_changed()
+        if look.home:
+            self._feed.home_changed()
 
 
 class HomeWatcher:
