@@ -35,7 +35,12 @@ from support import DaemonProcess, wait_until
 
 from capsule_client import Client
 from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, VerificationStatus, WatchStatus
+from capsule_client.protocol import (
+    ActiveSessionsSnapshot,
+    DiscoveryCost,
+    VerificationStatus,
+    WatchStatus,
+)
 from capsule_client.receipts import (
     ExecReceipt,
     ProviderClientReceipt,
@@ -314,6 +319,24 @@ class Trusted:
         watch = self.client.status().watch
         assert watch is not None
         return watch
+
+    def walk(self) -> DiscoveryCost:
+        """The cost of a walk from scratch (``reader.rescan``), read from that walk's own answer.
+
+        ``status`` counts the walk and shows the latest answer's cost in one
+        piece; where a later observation (woken by anything) came first, its
+        cost is not the walk's, so the walk is asked for again.
+        """
+        for _ in range(10):
+            rescans = self.client.status().totals.rescans
+            self.client.rescan()
+            status = wait_until(
+                lambda rescans=rescans: (s := self.client.status()).totals.rescans > rescans and s,
+                message="the rescan",
+            )
+            if status.last_cost is not None and status.last_cost.rescans == 1:
+                return status.last_cost
+        raise AssertionError("every walk's answer was replaced before it could be read")
 
     def verification(self) -> VerificationStatus:
         verification = self.client.status().verification
