@@ -24,24 +24,21 @@ are *stalled* there: the test hears the WAL write too and stops the writer
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
+from kept_writer import KeptWriter
 from paths_support import Asking, View, asking
 from reliability_support import FULL
 from sessions_support import Sleepers
-from support import ChildOutput, DaemonProcess, short_tmpdir
+from support import DaemonProcess, short_tmpdir
 
 from capsule_client.paths import store_path
 from capsule_client.receipts import (
@@ -61,78 +58,6 @@ WITHIN_S: Final = 1.0
 #: A pid that never runs: above the largest pid_max Linux allows.
 NEVER_PID: Final = 4_194_311
 NOBODY: Final = 65534
-#: How long a stalled commit waits between its WAL write and its publication, seconds.
-STALL_S: Final = 0.05
-
-_WRITER: Final = """
-import json, sqlite3, sys
-db = sqlite3.connect(sys.argv[1], timeout=5, isolation_level=None)
-print("ready", flush=True)
-for line in sys.stdin:
-    sql, args = json.loads(line)
-    db.execute(sql, args)
-    print("ok", flush=True)
-"""
-
-
-class KeptWriter:
-    """A process with one kept-open autocommit connection to the store, writing on request.
-
-    :meth:`write` with ``stall`` stops it between its commit's WAL write (heard
-    here through inotify) and the commit's publication, for :data:`STALL_S`.
-    """
-
-    def __init__(self, store: Path) -> None:
-        inotify_simple = pytest.importorskip("inotify_simple")
-        self._flags = inotify_simple.flags
-        self._store = store
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(store)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        self._out = ChildOutput(self.process.stdout)
-        assert self._out.line() == b"ready"
-        self._inotify = inotify_simple.INotify()
-        self._inotify.add_watch(str(store.parent), self._flags.MODIFY)
-        self.stalls = 0
-
-    def write(self, sql: str, args: tuple[object, ...], *, stall: bool = False) -> None:
-        """One commit; with ``stall``, held between its WAL write and its publication."""
-        self._inotify.read(timeout=0)  # forget what came before
-        staller = threading.Thread(target=self._stall) if stall else None
-        if staller is not None:
-            staller.start()
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps([sql, list(args)]).encode() + b"\n")
-        self.process.stdin.flush()
-        try:
-            assert self._out.line() == b"ok"
-        finally:
-            if staller is not None:
-                staller.join(timeout=5)
-
-    def _stall(self) -> None:
-        wal = f"{self._store.name}-wal"
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            if any(event.name == wal for event in self._inotify.read(timeout=100)):
-                os.kill(self.process.pid, signal.SIGSTOP)
-                try:
-                    time.sleep(STALL_S)
-                finally:
-                    os.kill(self.process.pid, signal.SIGCONT)
-                self.stalls += 1
-                return
-
-    def close(self) -> None:
-        self._inotify.close()
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=10)
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 class Home:
@@ -168,9 +93,9 @@ class Home:
                 db.execute(sql, args)
             db.close()
         else:
-            self.kept.write(sql, args, stall=rng.random() < 0.5)
+            assert self.kept.write(sql, args, stall=rng.random() < 0.5) == b"ok"
         if rng.random() < 0.2:
-            self.kept.write("PRAGMA wal_checkpoint(TRUNCATE)", ())
+            assert self.kept.write("PRAGMA wal_checkpoint(TRUNCATE)", ()) == b"ok"
 
     def noise(self) -> None:
         """A change the answer does not show: a stale exec receipt rewritten (an observation
