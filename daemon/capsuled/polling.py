@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from .layout import STORE_FILES, Parts, entered, reader_cares
 
@@ -21,6 +22,13 @@ __all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
 #: What one entry looked like: (inode, type and mode, size, mtime_ns, ctime_ns);
 #: for a directory only its inode and type (what changes below it is its own look).
 _EntrySignature: TypeAlias = tuple[int, int, int, int, int]
+
+#: A file changed less than this before a look may change again within the same
+#: timestamp tick, leaving the same signature (git's "racy clean"; the reader's
+#: rule too, docs/design.md §5): it is reported again at the next look.
+_RACY_WINDOW_NS: Final = 1_000_000_000
+#: The inode of a signature remembered as racy: equal to no real one.
+_RACY: Final = -1
 
 
 def open_directory(path: str, *, follow: bool = False) -> int:
@@ -127,7 +135,9 @@ class Poller:
         """Look at one directory: add what differs from last time to ``look``.
 
         A directory never looked at before reports every entry (unless
-        ``report`` is false: then it only remembers them).
+        ``report`` is false: then it only remembers them). A file younger
+        than :data:`_RACY_WINDOW_NS` at the look is reported again at the next
+        one: a second write in the same timestamp tick would look the same.
 
         Returns:
             the entered subdirectories (real directories, never links).
@@ -136,6 +146,7 @@ class Poller:
         before = self._seen.get(parts)
         now: dict[str, _EntrySignature] = {}
         children: list[Parts] = []
+        racy_after = time.time_ns() - _RACY_WINDOW_NS
         try:
             fd = open_directory(path, follow=not parts)
         except OSError:
@@ -155,8 +166,9 @@ class Poller:
                         if entered(child):
                             children.append(child)
                     else:
+                        young = max(st.st_mtime_ns, st.st_ctime_ns) >= racy_after
                         now[entry.name] = (
-                            st.st_ino,
+                            _RACY if young else st.st_ino,
                             st.st_mode,
                             st.st_size,
                             st.st_mtime_ns,

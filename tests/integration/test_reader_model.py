@@ -72,6 +72,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from reliability_support import size
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
@@ -539,7 +540,7 @@ class ReaderModel(RuleBasedStateMachine):
         self.daemon = DaemonProcess(
             self.home,
             self.tmp / "d.sock",
-            ["--watch", self.watch, "--verify-interval", str(VERIFY_INTERVAL_S)],
+            self.daemon_args(),
         )
         try:
             self.daemon.start()
@@ -548,6 +549,10 @@ class ReaderModel(RuleBasedStateMachine):
             raise
         self.client = Client(self.daemon.socket_path)
         self.missed = 0  # changes verification may have found: those made through hard links
+
+    def daemon_args(self) -> list[str]:
+        """The daemon's arguments: this model verifies often (the hard-link rule needs it)."""
+        return ["--watch", self.watch, "--verify-interval", str(VERIFY_INTERVAL_S)]
 
     def teardown(self) -> None:
         if hasattr(self, "client"):
@@ -964,7 +969,13 @@ class ReaderModel(RuleBasedStateMachine):
         assert gap_paths(snapshot) == expected.broken, (snapshot.gaps, expected.broken)
         assert store_missing(snapshot) == (not expected.store_exists), snapshot.gaps
         if CHECK_MISSED:
-            assert changes_found(self.client) == self.missed, "verification found a missed change"
+            assert changes_found(self.client) == self.missed, self.missed_lines()
+
+    def missed_lines(self) -> str:
+        """What the daemon logged about the changes verification found."""
+        log = self.daemon.log_path.read_text(errors="replace").splitlines()
+        found = [line for line in log if "verification found changes" in line]
+        return "verification found a missed change: " + "\n".join(found[-3:])
 
 
 class PolledReaderModel(ReaderModel):
@@ -973,15 +984,20 @@ class PolledReaderModel(ReaderModel):
     watch = "polling"
 
 
+# Few examples in the suite (``CAPSULED_HARDENING_FULL=1``: ten times more), and a
+# timeout of their own: a loaded machine must not turn a slow run into a failure.
 ReaderModel.TestCase.settings = settings(
-    max_examples=14,
+    max_examples=size(10, 100),
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-PolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=8)
-TestReaderModel = pytest.mark.slow(ReaderModel.TestCase)
-TestPolledReaderModel = pytest.mark.slow(PolledReaderModel.TestCase)
+PolledReaderModel.TestCase.settings = settings(
+    ReaderModel.TestCase.settings, max_examples=size(6, 60)
+)
+_TIMEOUT = pytest.mark.timeout(size(300, 7200))
+TestReaderModel = pytest.mark.slow(_TIMEOUT(ReaderModel.TestCase))
+TestPolledReaderModel = pytest.mark.slow(_TIMEOUT(PolledReaderModel.TestCase))
 
 
 # ---------------------------------------------------------------------------

@@ -266,6 +266,6 @@ PolledPathsReaderModel.TestCase.settings = settings(
     PathsReaderModel.TestCase.settings, max_examples=size(2, 20)
 )
 #: The full run (``CAPSULED_HARDENING_FULL=1``) takes minutes, not the suite's 60 s.
-_TIMEOUT = pytest.mark.timeout(size(60, 3600))
+_TIMEOUT = pytest.mark.timeout(size(300, 3600))
 TestPathsReaderModel = pytest.mark.slow(_TIMEOUT(PathsReaderModel.TestCase))
 TestPolledPathsReaderModel = pytest.mark.slow(_TIMEOUT(PolledPathsReaderModel.TestCase))
