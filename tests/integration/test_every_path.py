@@ -79,7 +79,11 @@ class Home:
             self.home, root / "e.sock", ["--watch", mode, "--log-level", "info"]
         )
         self.daemon.start()
-        self.kept = KeptWriter(store_path(self.home))
+        try:
+            self.kept = KeptWriter(store_path(self.home))
+        except BaseException:
+            self.daemon.__exit__()
+            raise
 
     def close(self) -> None:
         self.kept.close()
