@@ -23,7 +23,7 @@ from capsule_client.protocol import (
     Session,
     SessionProcess,
 )
-from capsuled.reconcile import lost_message
+from capsuled.reconcile.prior_session import lost_message
 
 ESC = "\x1b"
 C1_CSI = "\x9b"

@@ -14,11 +14,11 @@ import pytest
 from capsule_client.paths import records_root
 from capsule_client.protocol import METHOD_PARAMS, NoParams, ReconcileParams, StatusResult
 from capsule_client.trace import SessionStart, append_event
-from capsuled.config import Config
 from capsuled.errors import ShuttingDown
 from capsuled.handlers.reconcile import Reconciles
-from capsuled.lifecycle import Lifecycle
-from capsuled.supervisor import Daemon
+from capsuled.service.config import Config
+from capsuled.service.lifecycle import Lifecycle
+from capsuled.service.supervisor import Daemon
 
 
 def test_the_method_table_serves_every_method_of_the_protocol(short_dir: Path) -> None:
@@ -94,10 +94,10 @@ def test_the_lifecycle_is_one_flag_and_one_wake_up() -> None:
     "module",
     ["capsuled.handlers", "capsuled.handlers.status", "capsuled.handlers.sessions",
      "capsuled.handlers.reconcile", "capsuled.lifecycle", "capsuled.sockets", "capsuled.peers",
-     "capsuled.notify", "capsuled.home_setup"],
+     "capsuled.service.notify", "capsuled.service.home_setup"],
 )  # fmt: skip
 def test_no_module_the_supervisor_builds_on_imports_the_supervisor(module: str) -> None:
-    probe = f"import sys, {module}; print('capsuled.supervisor' in sys.modules)"
+    probe = f"import sys, {module}; print('capsuled.service.supervisor' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capsule_client.paths import default_home, default_socket
-from capsuled.config import ConfigError, build_parser, parse_args
+from capsuled.service.config import ConfigError, build_parser, parse_args
 
 
 def test_defaults_follow_xdg() -> None:

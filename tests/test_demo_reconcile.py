@@ -8,7 +8,7 @@ from pathlib import Path
 from support import demo_session
 
 from capsule_client.paths import records_root
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 
 
 def test_the_demo_session_reconciles_to_its_two_detached_execs(tmp_path: Path) -> None:

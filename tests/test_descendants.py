@@ -1,4 +1,4 @@
-"""The descendants tracker with real process trees (capsuled.descendants)."""
+"""The descendants tracker with real process trees (capsuled.processes.descendants)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 from sessions_support import DEADLINE_S, proc_state
 from support import wait_until
 
-from capsuled.descendants import (
+from capsuled.processes.descendants import (
     LOOK_INTERVAL_S,
     Descendant,
     DescendantTracker,
     children_files_supported,
 )
-from capsuled.proctable import Clock, proc_stat, take_table
+from capsuled.processes.table import Clock, proc_stat, take_table
 
 SESSION = "ses_tree"
 

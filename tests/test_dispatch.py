@@ -13,9 +13,9 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
-from capsuled.lifecycle import Lifecycle
-from capsuled.server import Server
+from capsuled.rpc.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
+from capsuled.rpc.server import Server
+from capsuled.service.lifecycle import Lifecycle
 
 pytestmark = pytest.mark.anyio
 
@@ -147,7 +147,7 @@ async def test_a_small_result_is_one_part() -> None:
 
 async def test_a_batch_stops_running_requests_once_its_replies_pass_the_cap() -> None:
     """A 1 MiB batch of snapshot requests must not make the daemon build gigabytes."""
-    from capsuled.jsonrpc import BATCH_REPLY_MAX_BYTES
+    from capsuled.rpc.jsonrpc import BATCH_REPLY_MAX_BYTES
 
     encoded = msgspec.Raw(b'"' + b"x" * (1 << 20) + b'"')
     ran: list[int] = []

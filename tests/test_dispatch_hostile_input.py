@@ -22,8 +22,8 @@ from msgspec import Meta, Struct
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
-from capsuled.server import Server, fit_to_descriptors
+from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
+from capsuled.rpc.server import Server, fit_to_descriptors
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""ExitWatch: a pidfd per watched process, re-checked against pid reuse (capsuled.exits)."""
+"""ExitWatch: a pidfd per watched process, re-checked against pid reuse (processes.exits)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import anyio
 import pytest
 from sessions_support import Sleepers
 
-from capsuled.exits import ExitWatch, pidfds_supported
-from capsuled.processes import sample_processes
+from capsuled.processes.exits import ExitWatch, pidfds_supported
+from capsuled.processes.sample import sample_processes
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 

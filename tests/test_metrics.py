@@ -28,7 +28,7 @@ from capsule_client.protocol import (
     StatusTotals,
     WatchStatus,
 )
-from capsuled.metrics import (
+from capsuled.metrics.collector import (
     LATENCY_BUCKETS_S,
     DaemonCollector,
     RequestMetrics,

@@ -13,8 +13,8 @@ import pytest
 from capsule_client.paths import make_private_dirs
 from capsule_client.receipts import write_exec_receipt
 from capsule_client.trace import SessionStart, append_event
-from capsuled.home_setup import ensure_home
-from capsuled.sockets import prepare_socket_directory
+from capsuled.rpc.sockets import prepare_socket_directory
+from capsuled.service.home_setup import ensure_home
 
 
 @pytest.fixture

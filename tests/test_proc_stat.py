@@ -23,8 +23,8 @@ from capsule_client._proc import (
     ticks_per_s,
 )
 from capsule_client.receipts import process_start_time
-from capsuled.exits import _start_time
-from capsuled.processes import sample_processes
+from capsuled.processes.exits import _start_time
+from capsuled.processes.sample import sample_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 

@@ -28,7 +28,6 @@ from capsule_client.receipts import (
     process_start_time,
     provider_client_receipt_path,
 )
-from capsuled.home_setup import check_home
 from capsuled.reader import (
     GAP_CATCHING_UP,
     GAP_HOME_REPLACED,
@@ -36,6 +35,7 @@ from capsuled.reader import (
     GAP_TOO_MANY_ERRORS,
     ActiveSessionReader,
 )
+from capsuled.service.home_setup import check_home
 from capsuled.startup_errors import UnsafeHome
 
 

@@ -17,8 +17,8 @@ from sessions_support import Sleepers, World, pids, proc_state
 from support import wait_until
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
-from capsuled.looks import DescendantLooks
-from capsuled.processes import sample_processes, sample_with_table
+from capsuled.processes.looks import DescendantLooks
+from capsuled.processes.sample import sample_processes, sample_with_table
 
 
 class Shells:

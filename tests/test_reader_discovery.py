@@ -24,7 +24,7 @@ from sessions_support import (
 )
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
-from capsuled.discovery import NO_WATCHER_NOTE, Discovery
+from capsuled.discovery.discovery import NO_WATCHER_NOTE, Discovery
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
 

@@ -16,7 +16,7 @@ from sessions_support import World, pids, sleepers
 
 from capsule_client.protocol import ActiveSessionsSnapshot
 from capsuled.reader import ActiveSessionReader
-from capsuled.store import Ownership, OwnershipReader
+from capsuled.reader.store import Ownership, OwnershipReader
 
 
 @pytest.fixture

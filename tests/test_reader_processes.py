@@ -9,8 +9,8 @@ import psutil
 import pytest
 from sessions_support import Sleepers
 
-from capsuled import processes
-from capsuled.processes import matches_start, sample_processes
+from capsuled.processes import sample as processes
+from capsuled.processes.sample import matches_start, sample_processes
 
 
 def test_the_sample_agrees_with_psutil(pool: Sleepers) -> None:

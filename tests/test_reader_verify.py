@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sessions_support import World, sleepers
 
-from capsuled.listings import RACY_MARGIN_NS
 from capsuled.reader import ActiveSessionReader, Observation
+from capsuled.reader.listings import RACY_MARGIN_NS
 
 
 @pytest.fixture

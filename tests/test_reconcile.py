@@ -15,7 +15,7 @@ import pytest
 
 from capsule_client.protocol import LostReport, LostWork
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, RpcError, UnsafePath
-from capsuled.reconcile import lost_message, reconcile
+from capsuled.reconcile.prior_session import lost_message, reconcile
 
 SESSION_START = (
     '{"event_type":"session_start","event_id":"evt_session","session_id":"ses_prior","timestamp":1}'

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import msgspec
 
-from capsuled.reconcile import reconcile
-from capsuled.trace_scan import scan_trace
+from capsuled.reconcile.prior_session import reconcile
+from capsuled.reconcile.trace_scan import scan_trace
 
 WORDS = "the quick brown fox jumps over a lazy dog build test cargo pytest run src lib".split()
 

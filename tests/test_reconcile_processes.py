@@ -1,6 +1,6 @@
 """Reconcile across threads and processes: exactly once, and failures that write nothing.
 
-Each child process calls ``capsuled.reconcile.reconcile`` directly and prints
+Each child process calls ``capsuled.reconcile.prior_session.reconcile`` directly and prints
 its outcome as one JSON line.  Children that must not write (a file-size
 limit, a trace they may not read or write) really run under that limit or as
 another user, so the failure is the kernel's, not a stand-in.
@@ -25,7 +25,7 @@ import pytest
 from support import ChildOutput
 
 from capsule_client.protocol import LostReport
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 
 CHILD = r"""
 import json, os, resource, signal, sys

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capsuled.reconcile import reconcile
-from capsuled.trace_scan import TraceScan, scan_lines, scan_trace
+from capsuled.reconcile.prior_session import reconcile
+from capsuled.reconcile.trace_scan import TraceScan, scan_lines, scan_trace
 
 # --------------------------------------------------------------------------
 # The oracle

@@ -14,8 +14,8 @@ import structlog
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
-from capsuled.server import Server, current_connection
+from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
+from capsuled.rpc.server import Server, current_connection
 
 pytestmark = pytest.mark.anyio
 

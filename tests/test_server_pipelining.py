@@ -20,8 +20,8 @@ import pytest
 from support import listen_unix
 
 from capsule_client.protocol import NoParams
-from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.server import Server, current_connection
+from capsuled.rpc.jsonrpc import Dispatcher, Method
+from capsuled.rpc.server import Server, current_connection
 
 pytestmark = pytest.mark.anyio
 

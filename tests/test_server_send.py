@@ -8,7 +8,7 @@ import anyio
 import pytest
 from anyio.abc import UNIXSocketStream
 
-from capsuled.server import Connection
+from capsuled.rpc.server import Connection
 
 pytestmark = pytest.mark.anyio
 

@@ -22,9 +22,10 @@ from support import ChildOutput, bind_notify_socket, wait_until
 from capsule_client import paths
 from capsule_client.cli import main as capsulectl
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
-from capsuled import activation, home_setup, lockfile, logs, notify, peers, sockets
-from capsuled.notify import Notifier
-from capsuled.peers import PeerCredentials
+from capsuled.rpc import activation, lockfile, peers, sockets
+from capsuled.rpc.peers import PeerCredentials
+from capsuled.service import home_setup, logs, notify
+from capsuled.service.notify import Notifier
 from capsuled.startup_errors import (
     ActivationError,
     AlreadyRunning,

@@ -14,9 +14,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from capsule_client.paths import lock_path_for
 from capsule_client.protocol import NoParams, PingResult
-from capsuled.config import Config
-from capsuled.jsonrpc import Dispatcher, Method
-from capsuled.supervisor import Daemon
+from capsuled.rpc.jsonrpc import Dispatcher, Method
+from capsuled.service.config import Config
+from capsuled.service.supervisor import Daemon
 
 SLOW = b'{"jsonrpc":"2.0","id":1,"method":"test.slow"}\n'
 

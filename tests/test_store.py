@@ -13,7 +13,7 @@ import pytest
 from sessions_support import Sleepers
 
 from capsule_client.store import OwnershipStore, StoreVersionError
-from capsuled.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
+from capsuled.reader.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
 
 
 @pytest.fixture

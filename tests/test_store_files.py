@@ -19,7 +19,7 @@ from support import DaemonProcess
 
 from capsule_client import Client
 from capsule_client.store import OwnershipStore
-from capsuled.store import OwnershipReader, StoreUnavailable
+from capsuled.reader.store import OwnershipReader, StoreUnavailable
 
 
 def ownership_within(reader: OwnershipReader, timeout_s: float) -> BaseException | None:

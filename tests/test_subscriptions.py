@@ -9,8 +9,8 @@ import pytest
 from capsule_client import SubscriptionDropped
 from capsule_client._core import MAX_QUEUED_NOTIFICATIONS, ClientCore
 from capsule_client.protocol import Session, SessionProcess
-from capsuled.changes import ChangeFeed
-from capsuled.subscriptions import changes_between
+from capsuled.discovery.subscriptions import changes_between
+from capsuled.watch.changes import ChangeFeed
 
 
 def session(session_id: str, *pids: int) -> Session:

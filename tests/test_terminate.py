@@ -1,4 +1,4 @@
-"""session.terminate's signalling with real processes (capsuled.terminate)."""
+"""session.terminate's signalling with real processes (capsuled.processes.terminate)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from sessions_support import DEADLINE_S, Processes, proc_state
 from support import wait_until
 
 from capsule_client.protocol import TerminateReport
-from capsuled.descendants import DescendantTracker
-from capsuled.exits import pidfds_supported
-from capsuled.proctable import Clock, proc_stat
-from capsuled.terminate import START_TOLERANCE_S, Target, terminate
+from capsuled.processes.descendants import DescendantTracker
+from capsuled.processes.exits import pidfds_supported
+from capsuled.processes.table import Clock, proc_stat
+from capsuled.processes.terminate import START_TOLERANCE_S, Target, terminate
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 
@@ -168,7 +168,7 @@ def test_a_process_of_another_user_is_refused(pool: Processes) -> None:
     # Root may signal anyone: terminate from a root without CAP_KILL, which meets EPERM.
     script = (
         "import anyio, msgspec, sys\n"
-        "from capsuled.terminate import Target, terminate\n"
+        "from capsuled.processes.terminate import Target, terminate\n"
         f"t = Target({other.pid}, {target(other.pid).started_at}, 'process')\n"
         "report = msgspec.json.encode(anyio.run(terminate, 'ses_x', [t]))\n"
         "sys.stdout.write('\\n' + report.decode())\n"  # after structlog's default output

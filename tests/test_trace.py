@@ -27,7 +27,7 @@ from capsule_client.trace import (
     is_session_directory_name,
     lock_trace,
 )
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 
 
 def records(root: Path, session: str = "ses_w") -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@ import anyio
 import pytest
 from userns import user_namespaces_work, with_inotify_limit
 
-from capsuled.changes import ChangeFeed
-from capsuled.config import ConfigError, parse_args
-from capsuled.watcher import HomeWatcher, reader_cares
+from capsuled.service.config import ConfigError, parse_args
+from capsuled.watch.changes import ChangeFeed
+from capsuled.watch.watcher import HomeWatcher, reader_cares
 
 pytestmark = pytest.mark.anyio
 

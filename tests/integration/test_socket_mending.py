@@ -19,7 +19,8 @@ import pytest
 from support import DaemonProcess, answers_ping, wait_until
 
 from capsule_client import Client, paths
-from capsuled import lockfile, sockets, startup_errors
+from capsuled import startup_errors
+from capsuled.rpc import lockfile, sockets
 
 #: Two check intervals and then some: the deadline for the daemon to notice.
 NOTICE_S = 10.0
