@@ -103,7 +103,7 @@ LOCK_HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from capsuled.lockfile import acquire_socket_lock
+    from capsuled.rpc.lockfile import acquire_socket_lock
     from capsuled.startup_errors import AlreadyRunning
     start_at = float(sys.argv[2])
     while time.time() < start_at:

@@ -119,7 +119,7 @@ os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]])
 
 MDWE_WORK = """
 import ctypes, sqlite3, anyio, msgspec, psutil, structlog, uuid_utils, watchfiles
-import capsuled.sockets
+import capsuled.rpc.sockets
 assert ctypes.CDLL(None).prctl(66, 0, 0, 0, 0) == 1, "MDWE not inherited"
 psutil.process_iter.cache_clear()
 assert any(p.info["create_time"] for p in psutil.process_iter(["create_time"]))

@@ -403,8 +403,8 @@ FALLBACK_SCRIPT = """
 import json, os, sys, time
 from pathlib import Path
 import anyio
-from capsuled.changes import ChangeFeed
-from capsuled.watcher import HomeWatcher
+from capsuled.watch.changes import ChangeFeed
+from capsuled.watch.watcher import HomeWatcher
 
 async def main(home: Path) -> None:
     feed = ChangeFeed()

@@ -365,7 +365,7 @@ class UnixListener:
 
         A connection already accepted is unaffected; one waiting in the old
         socket's backlog is lost with it (its file was gone: nobody could
-        connect to it any more, see :func:`capsuled.sockets.mend_listening`).
+        connect to it any more, see :func:`capsuled.rpc.sockets.mend_listening`).
         """
         sock.setblocking(False)
         old, self.socket = self.socket, sock
