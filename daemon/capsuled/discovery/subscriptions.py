@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Final
 import anyio
 import msgspec
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
 
 from capsule_client.protocol import (
     JSONRPC_VERSION,
@@ -55,6 +54,7 @@ from capsule_client.protocol import (
     StatusTotals,
 )
 from capsuled.errors import Overloaded, ShuttingDown
+from capsuled.tasks import TaskHost
 
 if TYPE_CHECKING:
     from capsuled.rpc.server import Connection
@@ -148,7 +148,7 @@ def _encode(method: str, params: object) -> bytes:
     return _encoder.encode(Notification(jsonrpc=JSONRPC_VERSION, method=method, params=params))
 
 
-class SubscriptionHub:
+class SubscriptionHub(TaskHost):
     """Every open subscription, fed by discovery's settled answers.
 
     Args:
@@ -163,23 +163,13 @@ class SubscriptionHub:
     ) -> None:
         self._latest = latest
         self.totals = StatusTotals() if totals is None else totals
+        super().__init__()
         self._subscriptions: dict[str, _Subscription] = {}
-        self._tg: TaskGroup | None = None
 
     @property
     def count(self) -> int:
         """Subscriptions open now (dropped ones are gone from the count at once)."""
         return sum(1 for sub in self._subscriptions.values() if sub.active)
-
-    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run the subscriptions' tasks until cancelled."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                task_status.started()
-                await anyio.sleep_forever()
-        finally:
-            self._tg = None
 
     def publish(self, snapshot: ActiveSessionsSnapshot) -> None:
         """A new settled answer: wake every subscription (discovery's listener)."""

@@ -42,10 +42,10 @@ from typing import Final
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
 
 from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, start_time_s, ticks_per_s
 from capsule_client.protocol import ExitWatchMode
+from capsuled.tasks import TaskHost
 
 __all__ = ["DEFAULT_MAX_PIDFDS", "RECHECK_TOLERANCE_S", "ExitWatch", "pidfds_supported"]
 
@@ -93,7 +93,7 @@ class _Watch:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
-class ExitWatch:
+class ExitWatch(TaskHost):
     """Holds a pidfd per watched process and reports exits.
 
     Args:
@@ -115,7 +115,7 @@ class ExitWatch:
         self.max_pidfds = max_pidfds
         self._enabled = pidfds_supported() if enabled is None else enabled
         self._watches: dict[int, _Watch] = {}
-        self._tg: TaskGroup | None = None
+        super().__init__()
         self._table_full = False
         # (pid, start) the re-check found gone; reported once, not again while
         # samples keep listing it (a start time read differently each time
@@ -145,17 +145,10 @@ class ExitWatch:
             ]
         return []
 
-    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run the waiters until cancelled; every descriptor is closed on the way out."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                task_status.started()
-                await anyio.sleep_forever()
-        finally:
-            self._tg = None
-            for watch in list(self._watches.values()):
-                self._close(watch)
+    def _stopped(self) -> None:
+        """The waiters have ended: every descriptor is closed."""
+        for watch in list(self._watches.values()):
+            self._close(watch)
 
     def track(self, watched: Mapping[int, float]) -> None:
         """Hold a pidfd for exactly the processes in ``watched`` (pid → start time, Unix s).
