@@ -31,7 +31,7 @@ CHILD = r"""
 import json, os, resource, signal, sys
 import msgspec
 from capsuled.errors import RpcError
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 
 args = json.loads(sys.argv[1])
 if args.get("file_size_limit") is not None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs st
 
 CHILD = """
 import sys
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 report = reconcile(sys.argv[1], "ses_prior", "ses_resumed", "ctx")
 sys.stdout.write("REPORT " + " ".join(work.work_id for work in report.lost) + "\\n")
 sys.stdout.flush()

@@ -346,7 +346,8 @@ def test_malformed_activation_variables_are_an_error() -> None:
 ACTIVATED_CHILD = textwrap.dedent(
     """
     import json, os, socket, sys
-    from capsuled import activation, peers, startup_errors
+    from capsuled.rpc import activation, peers
+    from capsuled import startup_errors
     try:
         listener = activation.activated_listener()
     except startup_errors.ActivationError as exc:
@@ -401,7 +402,8 @@ def test_activation_with_a_non_socket_on_fd_3_is_an_error() -> None:
         r, w = os.pipe()
         os.dup2(r, 3)
         os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
-        from capsuled import activation, startup_errors
+        from capsuled.rpc import activation
+        from capsuled import startup_errors
         try:
             activation.activated_listener()
         except startup_errors.ActivationError as exc:
@@ -573,7 +575,7 @@ def test_peer_credentials_of_another_uid(short_dir: Path) -> None:
 PID_NAMESPACE_LISTENER = textwrap.dedent(
     """
     import json, socket, sys
-    from capsuled import peers
+    from capsuled.rpc import peers
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(sys.argv[1])
     listener.listen()
