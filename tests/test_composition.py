@@ -93,8 +93,8 @@ def test_the_lifecycle_is_one_flag_and_one_wake_up() -> None:
 @pytest.mark.parametrize(
     "module",
     ["capsuled.handlers", "capsuled.handlers.status", "capsuled.handlers.sessions",
-     "capsuled.handlers.reconcile", "capsuled.service.lifecycle", "capsuled.rpc.sockets", "capsuled.rpc.peers",
-     "capsuled.service.notify", "capsuled.service.home_setup"],
+     "capsuled.handlers.reconcile", "capsuled.service.lifecycle", "capsuled.rpc.sockets",
+     "capsuled.rpc.peers", "capsuled.service.notify", "capsuled.service.home_setup"],
 )  # fmt: skip
 def test_no_module_the_supervisor_builds_on_imports_the_supervisor(module: str) -> None:
     probe = f"import sys, {module}; print('capsuled.service.supervisor' in sys.modules)"
