@@ -163,7 +163,7 @@ def test_busy_timeout_below_one_second_is_refused(db: Path) -> None:
 
 def test_each_question_reads_the_keys_asked_and_sees_every_commit(db: Path) -> None:
     # The store keeps no cache of its own: the reader asks only what is new
-    # while the version stays (tests/test_reader_incremental.py counts that).
+    # while the version stays (tests/reader/test_reader_incremental.py counts that).
     with OwnershipStore(db) as store:
         store.register_session("ses_a", context_id="ctx_a")
         store.register_input("inp_a", "ses_a")

@@ -2,7 +2,7 @@
 
 Run the benchmark by hand (the numbers go into docs/reconcile.md)::
 
-    .venv/bin/python tests/test_reconcile_bench.py --size-mb 100
+    .venv/bin/python tests/reconcile/test_reconcile_bench.py --size-mb 100
 
 Under pytest only a small trace is generated, to check that the generator
 says truthfully what a reconcile of it must find.
