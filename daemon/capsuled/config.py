@@ -17,6 +17,7 @@ from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_so
 from capsule_client.protocol import WatcherMode
 
 from . import __version__
+from .metrics import TEXTFILE_MIN_INTERVAL_S
 from .watcher import WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]
@@ -215,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--metrics-textfile",
         "metrics_textfile",
-        "also write the metrics to this file (atomically, after changes, at most every 5 s) "
-        "for node_exporter's textfile collector; the name must end in .prom (default: none)",
+        "also write the metrics to this file (atomically, after changes, at most every "
+        f"{TEXTFILE_MIN_INTERVAL_S:g} s) for node_exporter's textfile collector; the name must "
+        "end in .prom (default: none)",
         metavar="PATH",
     )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")

@@ -52,6 +52,7 @@ __all__ = [
     "DaemonCollector",
     "RequestMetrics",
     "TextfileWriter",
+    "TEXTFILE_MIN_INTERVAL_S",
     "count_reconcile",
     "count_terminated",
     "exposition",
@@ -69,6 +70,9 @@ TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused")
 #: The ``method`` label of a request naming no method the daemon serves:
 #: clients choose method names, and a label must not grow with them.
 OTHER_METHOD: Final = "other"
+#: The least time between two writes of the metrics textfile, seconds
+#: (``capsuled --help`` and docs/design.md §8 say it from here).
+TEXTFILE_MIN_INTERVAL_S: Final = 2.0
 _KINDS: Final = typing.get_args(ProcessKind)
 _DISCOVERY_STATES: Final = ("ready", "scanning", "unavailable")
 _WATCH_MODES: Final = ("native", "polling", "off")
@@ -437,7 +441,9 @@ class TextfileWriter:
         min_interval_s: the least time between two writes, seconds.
     """
 
-    def __init__(self, path: Path, collector: Collector, *, min_interval_s: float = 2.0) -> None:
+    def __init__(
+        self, path: Path, collector: Collector, *, min_interval_s: float = TEXTFILE_MIN_INTERVAL_S
+    ) -> None:
         self.path = path
         self._collector = collector
         self.min_interval_s = min_interval_s
