@@ -49,10 +49,10 @@ from capsule_client.protocol import (
 __all__ = [
     "LATENCY_BUCKETS_S",
     "TERMINATE_OUTCOMES",
+    "TEXTFILE_MIN_INTERVAL_S",
     "DaemonCollector",
     "RequestMetrics",
     "TextfileWriter",
-    "TEXTFILE_MIN_INTERVAL_S",
     "count_reconcile",
     "count_terminated",
     "exposition",
