@@ -40,11 +40,12 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from capsule_client.protocol import (
     METHOD_PARAMS,
     ActiveSessionsSnapshot,
-    LostReport,
     ProcessKind,
     StatusResult,
     StatusTotals,
 )
+
+from .reconcile import Reconciled
 
 __all__ = [
     "LATENCY_BUCKETS_S",
@@ -80,10 +81,16 @@ _TRUSTS: Final = ("trusted", "untrusted")
 _KIND: Final = operator.attrgetter("kind")
 
 
-def count_reconcile(totals: StatusTotals, report: LostReport | None) -> None:
-    """Count one finished ``session.reconcile`` and the lost works it reported, by trust."""
+def count_reconcile(totals: StatusTotals, reconciled: Reconciled) -> None:
+    """Count one finished ``session.reconcile`` and the lost works it reported, by trust.
+
+    A report rebuilt for a retry (``reconciled.marked`` false: its markers
+    were written before) counts as a reconcile, not as lost work again, so
+    each lost work is counted once (docs/design.md §6, §7 ``metrics``).
+    """
     totals.reconciles += 1
-    if report is None:
+    report = reconciled.report
+    if report is None or not reconciled.marked:
         return
     if report.provenance.trust == "trusted":
         totals.lost_reports_trusted += 1

@@ -14,7 +14,7 @@ import structlog
 from capsule_client.protocol import LostReport, ReconcileParams
 
 from ..errors import InternalError
-from ..reconcile import reconcile
+from ..reconcile import Reconciled, reconcile_marking
 
 __all__ = ["RECONCILE_THREADS", "Reconciles"]
 
@@ -33,7 +33,8 @@ class Reconciles:
     Args:
         records_root: ``<home>/sessions``, where the traces are.
         cancelled: whether the daemon is stopping (read from the worker thread).
-        on_report: called with each reconcile's answer (the report, or ``None``), for the counts.
+        on_report: called with each reconcile's answer (the report, or ``None``, and
+            whether it marked anything now), for the counts.
     """
 
     def __init__(
@@ -41,7 +42,7 @@ class Reconciles:
         records_root: Path,
         *,
         cancelled: Callable[[], bool],
-        on_report: Callable[[LostReport | None], None] = lambda _report: None,
+        on_report: Callable[[Reconciled], None] = lambda _reconciled: None,
     ) -> None:
         self._records_root = records_root
         self._cancelled = cancelled
@@ -70,9 +71,9 @@ class Reconciles:
         """
         try:
             async with self._trace_turn(params.from_session):
-                report = await anyio.to_thread.run_sync(
+                reconciled = await anyio.to_thread.run_sync(
                     functools.partial(
-                        reconcile,
+                        reconcile_marking,
                         self._records_root,
                         params.from_session,
                         params.this_session,
@@ -91,7 +92,8 @@ class Reconciles:
                 cause=repr(exc.__cause__),
             )
             raise
-        self._on_report(report)
+        self._on_report(reconciled)
+        report = reconciled.report
         if report is not None:
             log.info(
                 "reconciled lost work",
@@ -100,6 +102,7 @@ class Reconciles:
                 task_id=report.task_id,
                 lost=[work.work_id for work in report.lost],
                 trust=report.provenance.trust,
+                repeated=not reconciled.marked,
             )
         return report
 
