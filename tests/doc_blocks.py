@@ -169,8 +169,8 @@ def substitute(text: str, bound: Mapping[str, str]) -> str:
 # --------------------------------------------------------------------------
 # JSON shapes
 
-_ANY = "\x00any"
-_MORE = "\x00more"
+_ANY = "…any list…"
+_MORE = "…more members…"
 
 
 def json_sample(text: str) -> Any:
