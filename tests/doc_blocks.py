@@ -1,4 +1,4 @@
-"""The marked blocks of the docs, and the shapes their sample outputs show (tests/integration/test_docs.py).
+"""The marked blocks of the docs, and the shapes of their sample outputs (test_docs.py).
 
 A fenced block is run or checked only when the line right before its fence
 is a marker, an HTML comment (invisible on GitHub)::
@@ -190,16 +190,7 @@ def json_mismatch(sample: Any, actual: Any, where: str = "$") -> str | None:
     if sample == _ANY:
         return None
     if isinstance(sample, dict):
-        if not isinstance(actual, dict):
-            return f"{where}: an object was shown, {actual!r} came"
-        keys = set(sample) - {_MORE}
-        extra = set(actual) - keys
-        if keys - set(actual) or (extra and _MORE not in sample):
-            return f"{where}: members {sorted(actual)}, the sample shows {sorted(keys)}"
-        for key in sorted(keys):
-            if (why := json_mismatch(sample[key], actual[key], f"{where}.{key}")) is not None:
-                return why
-        return None
+        return _object_mismatch(sample, actual, where)
     if isinstance(sample, list):
         if not isinstance(actual, list) or bool(sample) != bool(actual):
             return f"{where}: {actual!r} where the sample shows {sample!r}"
@@ -208,11 +199,23 @@ def json_mismatch(sample: Any, actual: Any, where: str = "$") -> str | None:
             if all(why is not None for why in whys):
                 return whys[0]
         return None
-    kinds = (bool, int | float, str, type(None))
-    for kind in kinds:
+    for kind in (bool, int | float, str, type(None)):
         if isinstance(sample, kind):
             return None if isinstance(actual, kind) else f"{where}: {actual!r} for {sample!r}"
     return f"{where}: unexpected sample {sample!r}"
+
+
+def _object_mismatch(sample: dict[str, Any], actual: Any, where: str) -> str | None:
+    if not isinstance(actual, dict):
+        return f"{where}: an object was shown, {actual!r} came"
+    keys = set(sample) - {_MORE}
+    extra = set(actual) - keys
+    if keys - set(actual) or (extra and _MORE not in sample):
+        return f"{where}: members {sorted(actual)}, the sample shows {sorted(keys)}"
+    for key in sorted(keys):
+        if (why := json_mismatch(sample[key], actual[key], f"{where}.{key}")) is not None:
+            return why
+    return None
 
 
 def exchange_lines(text: str) -> Iterator[tuple[str, str]]:

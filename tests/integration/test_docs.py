@@ -177,7 +177,9 @@ class DocShell:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.communicate()
-                pytest.fail(f"{block.where}: {process.args!r} still ran after {COMMAND_TIMEOUT_S} s")
+                pytest.fail(
+                    f"{block.where}: {process.args!r} still ran after {COMMAND_TIMEOUT_S} s"
+                )
         assert process.stdout is not None and process.stderr is not None
         out: list[bytes] = []
         err: list[bytes] = []
@@ -233,7 +235,9 @@ class DocShell:
         """Send the ``→`` messages on one connection, match the ``←`` ones as they come."""
         messages = list(exchange_lines(block.text))
         replies = [json_sample(text) for direction, text in messages if direction == "←"]
-        sock_path = self.variable("CAPSULED_SOCKET") or f"{self.variable('CAPSULE_HOME')}/capsuled.sock"
+        sock_path = (
+            self.variable("CAPSULED_SOCKET") or f"{self.variable('CAPSULE_HOME')}/capsuled.sock"
+        )
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(COMMAND_TIMEOUT_S)
             sock.connect(sock_path)
@@ -284,7 +288,9 @@ def test_every_document_has_marked_blocks_and_the_readme_counts_the_scenarios() 
 
 def test_a_sample_that_no_longer_fits_fails() -> None:
     """The shapes are strict enough to fail: a changed word, a missing line, a moved pid."""
-    sample = "SESSION  PID\nses_demo_1f2e3d4c  41230\ndiscovery: ready (generation 1796158065123456)"
+    sample = (
+        "SESSION  PID\nses_demo_1f2e3d4c  41230\ndiscovery: ready (generation 1796158065123456)"
+    )
     printed = "SESSION  PID\nses_demo_0a1b2c3d  977\ndiscovery: ready (generation 1796158065999999)"
     bound: dict[str, str] = {}
     assert match_shape(sample, printed, bound) is None
