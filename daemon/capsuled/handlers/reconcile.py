@@ -12,9 +12,8 @@ import anyio
 import structlog
 
 from capsule_client.protocol import LostReport, ReconcileParams
-
-from ..errors import InternalError
-from ..reconcile import Reconciled, reconcile_marking
+from capsuled.errors import InternalError
+from capsuled.reconcile.prior_session import reconcile_marking
 
 __all__ = ["RECONCILE_THREADS", "Reconciles"]
 
@@ -42,7 +41,7 @@ class Reconciles:
         records_root: Path,
         *,
         cancelled: Callable[[], bool],
-        on_report: Callable[[Reconciled], None] = lambda _reconciled: None,
+        on_report: Callable[[LostReport | None, bool], None] = lambda _report, _marked: None,
     ) -> None:
         self._records_root = records_root
         self._cancelled = cancelled
@@ -56,7 +55,7 @@ class Reconciles:
         """Mark and report what ``params.from_session`` left.
 
         The scan and the append run in a worker thread
-        (:func:`capsuled.reconcile.reconcile` raises the RPC errors: -32602,
+        (:func:`capsuled.reconcile.prior_session.reconcile` raises the RPC errors: -32602,
         -32003, -32004, -32603). Once started, a reconcile is not abandoned
         on cancellation: its markers and its report belong together.
 
@@ -92,7 +91,7 @@ class Reconciles:
                 cause=repr(exc.__cause__),
             )
             raise
-        self._on_report(reconciled)
+        self._on_report(reconciled.report, reconciled.marked)
         report = reconciled.report
         if report is not None:
             log.info(
