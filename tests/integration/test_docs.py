@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 from doc_blocks import (
     Block,
@@ -41,7 +42,6 @@ from doc_blocks import (
 from support import DaemonProcess, short_tmpdir
 
 from benchmarks.scenarios import SCENARIOS
-from capsule_client import Client
 
 ROOT = Path(__file__).parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -120,13 +120,16 @@ class DocShell:
         self.daemons[socket_path] = DaemonProcess(home, socket_path, args).start()
 
     def close(self) -> None:
-        """Kill what the documents' sessions left running, then stop the daemons."""
-        for socket_path, daemon in self.daemons.items():
-            with contextlib.suppress(OSError, RuntimeError), Client(socket_path) as client:
-                snapshot = client.snapshot(max_age_ms=0)
-                for process in [p for s in snapshot.sessions for p in s.processes]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(process.pid, signal.SIGKILL)
+        """Kill what the documents' commands left running (their environment names this
+        shell's directory: the demo's sleeps), then the daemons."""
+        mine = f"XDG_STATE_HOME={self.tmp}/state"
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.pid != os.getpid() and mine in [
+                    f"{key}={value}" for key, value in process.environ().items()
+                ]:
+                    process.kill()
+        for daemon in self.daemons.values():
             daemon.kill()
 
     # ---------------------------------------------------------------- commands
