@@ -11,8 +11,9 @@ Kinds:
   line that puts the venv's commands on ``PATH``);
 * ``run``: a shell (``sh``) or ``python`` block, run command by command.
   Options: ``status=N`` (each command's exit status, default 0),
-  ``interrupt-after=S`` (a command still running S seconds after it started
-  gets SIGINT, as Ctrl-C would, and must then exit with ``status``),
+  ``interrupt-after=S`` (a command still running S seconds after its first
+  line of output gets SIGINT, as Ctrl-C would, and must then exit with
+  ``status``),
   ``meanwhile="COMMAND"`` (run once the command printed its first line; the
   interrupt then comes S seconds after it), and ``<name>="REGEX"``: the
   placeholder ``<name>`` in the commands is the first group of the last

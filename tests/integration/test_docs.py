@@ -193,6 +193,7 @@ class DocShell:
             for line in process.stdout:
                 out.append(line)
                 first_line.set()
+            first_line.set()  # it ended without a line
 
         readers = [
             threading.Thread(target=read_out),
@@ -200,8 +201,9 @@ class DocShell:
         ]
         for reader in readers:
             reader.start()
+        # Timed from its first line: by then it is past its start-up and handles Ctrl-C.
+        assert first_line.wait(COMMAND_TIMEOUT_S), f"{block.where}: nothing printed"
         if "meanwhile" in block.options:
-            assert first_line.wait(COMMAND_TIMEOUT_S), f"{block.where}: nothing printed"
             self.meanwhile(block)
         try:
             process.wait(timeout=float(interrupt))
