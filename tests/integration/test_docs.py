@@ -22,7 +22,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +43,6 @@ from support import DaemonProcess, short_tmpdir
 from benchmarks.scenarios import SCENARIOS
 
 ROOT = Path(__file__).parents[2]
-VENV_BIN = Path(sys.executable).parent
 DOCS = [ROOT / "README.md", ROOT / "docs" / "sessions.md", ROOT / "docs" / "protocol.md"]
 #: The longest a documented command may take (the daemon answers in milliseconds).
 COMMAND_TIMEOUT_S = 30.0
