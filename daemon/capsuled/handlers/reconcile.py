@@ -12,9 +12,8 @@ import anyio
 import structlog
 
 from capsule_client.protocol import LostReport, ReconcileParams
-
-from ..errors import InternalError
-from ..reconcile import reconcile
+from capsuled.errors import InternalError
+from capsuled.reconcile.prior_session import reconcile_marking
 
 __all__ = ["RECONCILE_THREADS", "Reconciles"]
 
@@ -33,7 +32,8 @@ class Reconciles:
     Args:
         records_root: ``<home>/sessions``, where the traces are.
         cancelled: whether the daemon is stopping (read from the worker thread).
-        on_report: called with each reconcile's answer (the report, or ``None``), for the counts.
+        on_report: called with each reconcile's answer (the report, or ``None``, and
+            whether it marked anything now), for the counts.
     """
 
     def __init__(
@@ -41,7 +41,7 @@ class Reconciles:
         records_root: Path,
         *,
         cancelled: Callable[[], bool],
-        on_report: Callable[[LostReport | None], None] = lambda _report: None,
+        on_report: Callable[[LostReport | None, bool], None] = lambda _report, _marked: None,
     ) -> None:
         self._records_root = records_root
         self._cancelled = cancelled
@@ -55,7 +55,7 @@ class Reconciles:
         """Mark and report what ``params.from_session`` left.
 
         The scan and the append run in a worker thread
-        (:func:`capsuled.reconcile.reconcile` raises the RPC errors: -32602,
+        (:func:`capsuled.reconcile.prior_session.reconcile` raises the RPC errors: -32602,
         -32003, -32004, -32603). Once started, a reconcile is not abandoned
         on cancellation: its markers and its report belong together.
 
@@ -70,9 +70,9 @@ class Reconciles:
         """
         try:
             async with self._trace_turn(params.from_session):
-                report = await anyio.to_thread.run_sync(
+                reconciled = await anyio.to_thread.run_sync(
                     functools.partial(
-                        reconcile,
+                        reconcile_marking,
                         self._records_root,
                         params.from_session,
                         params.this_session,
@@ -91,7 +91,8 @@ class Reconciles:
                 cause=repr(exc.__cause__),
             )
             raise
-        self._on_report(report)
+        self._on_report(reconciled.report, reconciled.marked)
+        report = reconciled.report
         if report is not None:
             log.info(
                 "reconciled lost work",
@@ -100,6 +101,7 @@ class Reconciles:
                 task_id=report.task_id,
                 lost=[work.work_id for work in report.lost],
                 trust=report.provenance.trust,
+                repeated=not reconciled.marked,
             )
         return report
 

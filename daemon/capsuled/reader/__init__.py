@@ -5,6 +5,8 @@ identity), :mod:`~capsuled.reader.walk` and :mod:`~capsuled.reader.receipts`
 (walking the receipt places, reading receipts),
 :mod:`~capsuled.reader.candidates` (the live receipts and the pid index),
 :mod:`~capsuled.reader.ownership` (the store's rows),
+:mod:`~capsuled.reader.store` and :mod:`~capsuled.reader.store_writer` (the
+store read-only, and whether a writer's transaction is open),
 :mod:`~capsuled.reader.projection` (candidates, rows and a process sample
 into the answer's lists), :mod:`~capsuled.reader.errors` (the bounded error
 list), :mod:`~capsuled.reader.generations` (numbering answers) and
@@ -13,18 +15,13 @@ list), :mod:`~capsuled.reader.generations` (numbering answers) and
 
 from __future__ import annotations
 
-from capsuled.reader.candidates import RACY_WINDOW_NS
-from capsuled.reader.errors import (
-    GAP_TOO_MANY_ERRORS,
-    MAX_ERROR_BYTES,
-    MAX_ERRORS,
-    ObservationCancelled,
-)
-from capsuled.reader.generations import Generations, run_base, same_answer
-from capsuled.reader.home import GAP_HOME_REPLACED
-from capsuled.reader.observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
-from capsuled.reader.projection import PROCESS_TOLERANCE_S
-from capsuled.reader.walk import Verified
+from .candidates import RACY_WINDOW_NS
+from .errors import GAP_TOO_MANY_ERRORS, MAX_ERROR_BYTES, MAX_ERRORS, ObservationCancelled
+from .generations import Generations, run_base, same_answer
+from .home import GAP_HOME_REPLACED
+from .observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
+from .projection import PROCESS_TOLERANCE_S
+from .walk import Verified
 
 __all__ = [
     "GAP_CATCHING_UP",

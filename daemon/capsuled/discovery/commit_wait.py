@@ -1,0 +1,56 @@
+"""A store commit still on its way owes an observation when it lands (docs/design.md §5).
+
+An observation that found a writer's transaction open when it read the
+store's version (:attr:`capsuled.reader.Observation.store_writing`) may
+have read the version before a commit the watch had already reported:
+nothing else wakes discovery once the commit is published (the index it is
+published in makes no file event). :class:`CommitWait` asks the write lock
+(:meth:`capsuled.reader.store.OwnershipReader.writing`, one ``fcntl``) at growing
+pauses until it is free, then wakes discovery, whose next observation reads
+the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import anyio
+
+__all__ = ["CommitWait"]
+
+#: The first pause before the lock is asked again, seconds; doubled up to the maximum.
+FIRST_PAUSE_S: Final = 0.0005
+MAX_PAUSE_S: Final = 0.05
+
+
+class CommitWait:
+    """Wakes discovery once the store's write transaction seen open has ended.
+
+    Args:
+        writing: whether a write transaction is open now (on the event loop).
+        wake: asks discovery to observe.
+    """
+
+    def __init__(self, *, writing: Callable[[], bool], wake: Callable[[], None]) -> None:
+        self._writing = writing
+        self._wake = wake
+        self._owed = anyio.Event()
+        #: Write transactions waited out so far.
+        self.waits = 0
+
+    def owe(self) -> None:
+        """An observation saw a write transaction open: wake discovery when it ends."""
+        self._owed.set()
+
+    async def run(self) -> None:
+        """Wait for :meth:`owe`, then for the lock to be free, then wake; forever."""
+        while True:
+            await self._owed.wait()
+            self._owed = anyio.Event()
+            pause_s = FIRST_PAUSE_S
+            while self._writing():
+                await anyio.sleep(pause_s)
+                pause_s = min(pause_s * 2, MAX_PAUSE_S)
+            self.waits += 1
+            self._wake()
