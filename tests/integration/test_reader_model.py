@@ -128,14 +128,13 @@ VERIFY_INTERVAL_S = 0.1
 PICK = st.integers(min_value=0, max_value=11)
 #: Whether each step checks that verification found nothing the watch missed
 #: (no step makes a change the watch cannot see, except the hard-link rewrite,
-#: which is checked apart). Off: about one run in ten, verification still
-#: counts one change at a receipt under ``provider-clients`` as missed (the
-#: answer stays right; the count and its warning are wrong). It depends on
-#: timing: slowing verification down made it vanish. The other cause, a
-#: directory listed again from its parent's stale listing, is fixed and has
-#: its own test (tests/reader/test_reader_verify.py). Turn it on once this one is
-#: found and fixed.
-CHECK_MISSED = False
+#: which is checked apart). The two false counts it once showed are fixed: a
+#: directory listed again from its parent's stale listing (its own test in
+#: tests/reader/test_reader_verify.py), and an in-place rewrite read by
+#: verification while ``open(O_TRUNC)`` ran: a ``stat`` then sees the new size
+#: with the old stamps, which dated the change before the barrier (a change
+#: that still carries the stamps it was read with is now not dated).
+CHECK_MISSED = True
 
 ProcessKey = tuple[str, int, int, str, str]  # kind, pid, started_at, receipt, input or exec id
 

@@ -184,3 +184,22 @@ def test_a_reported_run_rewritten_after_the_barrier_is_not_a_miss(world: World) 
     assert verified.verified is not None
     assert verified.verified.missed == []
     assert [p.provider for p in verified.snapshot.unowned] == ["two"]
+
+
+def test_a_change_still_carrying_the_stamps_it_was_read_with_is_not_dated(tmp_path: Path) -> None:
+    """A ``stat`` during ``open(O_TRUNC)`` sees the new size before the new times: a change
+    whose file still has the stamps of the version read before cannot be dated, so it is
+    not counted as missed (the watch reports it once the write ends)."""
+    from capsuled.reader.walk import _changed_before
+
+    path = tmp_path / "c1.json"
+    path.write_bytes(b"{}")
+    st = os.lstat(path)
+    read_with = (st.st_mtime_ns, st.st_ctime_ns)
+    later = time.time_ns() + 10 * RACY_MARGIN_NS
+    assert not _changed_before(str(path), read_with, later)
+    assert _changed_before(str(path), (st.st_mtime_ns - 1, st.st_ctime_ns), later)
+    assert _changed_before(str(path), None, later)
+    assert not _changed_before(str(path), (0, 0), st.st_ctime_ns)  # younger than the moment
+    path.unlink()  # gone: dated by its directory, as before
+    assert _changed_before(str(path), read_with, later)
