@@ -25,10 +25,8 @@ _EntrySignature: TypeAlias = tuple[int, int, int, int, int]
 
 #: A file changed less than this before a look may change again within the same
 #: timestamp tick, leaving the same signature (git's "racy clean"; the reader's
-#: rule too, docs/design.md §5): it is reported again at the next look.
+#: rule too, docs/design.md §5): it is reported once more, at the next look.
 _RACY_WINDOW_NS: Final = 1_000_000_000
-#: The inode of a signature remembered as racy: equal to no real one.
-_RACY: Final = -1
 
 
 def open_directory(path: str, *, follow: bool = False) -> int:
@@ -86,6 +84,8 @@ class Poller:
         self._home = home
         self._seen: dict[Parts, dict[str, _EntrySignature]] = {}
         self._home_identity: tuple[int, int] | None = None
+        # Per directory, the files that changed less than the racy window before its last look.
+        self._racy: dict[Parts, set[str]] = {}
         self._home_owner: tuple[int, int] | None = None  # (mode, uid): its strictness
 
     @property
@@ -128,16 +128,17 @@ class Poller:
             children = self.look(parts, look, report=not first)
             pending.extend(children)
         for gone in [parts for parts in self._seen if parts not in present]:
-            del self._seen[gone]
+            self.forget(gone)
         return look
 
     def look(self, parts: Parts, look: Look, *, report: bool = True) -> list[Parts]:
         """Look at one directory: add what differs from last time to ``look``.
 
         A directory never looked at before reports every entry (unless
-        ``report`` is false: then it only remembers them). A file younger
-        than :data:`_RACY_WINDOW_NS` at the look is reported again at the next
-        one: a second write in the same timestamp tick would look the same.
+        ``report`` is false: then it only remembers them). A file that changed
+        less than :data:`_RACY_WINDOW_NS` before the look is reported once more
+        at the next one: a second write in the same timestamp tick would look
+        the same.
 
         Returns:
             the entered subdirectories (real directories, never links).
@@ -147,6 +148,7 @@ class Poller:
         now: dict[str, _EntrySignature] = {}
         children: list[Parts] = []
         racy_after = time.time_ns() - _RACY_WINDOW_NS
+        young: set[str] = set()
         try:
             fd = open_directory(path, follow=not parts)
         except OSError:
@@ -166,30 +168,48 @@ class Poller:
                         if entered(child):
                             children.append(child)
                     else:
-                        young = max(st.st_mtime_ns, st.st_ctime_ns) >= racy_after
                         now[entry.name] = (
-                            _RACY if young else st.st_ino,
+                            st.st_ino,
                             st.st_mode,
                             st.st_size,
                             st.st_mtime_ns,
                             st.st_ctime_ns,
                         )
+                        if max(st.st_mtime_ns, st.st_ctime_ns) >= racy_after:
+                            young.add(entry.name)
         except OSError:
             pass  # gone while listed
         finally:
             if fd is not None:
                 os.close(fd)
         self._seen[parts] = now
-        if report:
-            old = before if before is not None else {}
-            for name in now.keys() | old.keys():
-                if now.get(name) != old.get(name):
-                    _report(look, (*parts, name))
+        self._compare(parts, before or {}, now, young, look if report else None)
         return children
+
+    def _compare(
+        self,
+        parts: Parts,
+        old: dict[str, _EntrySignature],
+        now: dict[str, _EntrySignature],
+        young: set[str],
+        look: Look | None,
+    ) -> None:
+        """Report into ``look`` (None: report nothing) what differs, and the files that were
+        racy at the previous look; remember the ones racy now."""
+        racy_before = self._racy.pop(parts, set())
+        # Racy until a later look confirms it: a young file that changed (or is new) now.
+        racy = {name for name in young if now[name] != old.get(name)}
+        if racy:
+            self._racy[parts] = racy
+        if look is not None:
+            for name in now.keys() | old.keys():
+                if now.get(name) != old.get(name) or name in racy_before:
+                    _report(look, (*parts, name))
 
     def forget(self, parts: Parts) -> None:
         """Stop remembering the directory at ``parts`` (it is watched now, or gone)."""
         self._seen.pop(parts, None)
+        self._racy.pop(parts, None)
 
 
 def _report(look: Look, parts: Parts) -> None:
