@@ -111,7 +111,9 @@ def terminate_arguments(parser: argparse.ArgumentParser) -> None:
 def terminate_command(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Run ``capsulectl terminate``; exit status 0 (errors are raised to ``main``)."""
     if args.json:
-        call = _core.terminate(args.session_id, args.signal, args.grace, commands=True)
+        call = _core.terminate(
+            args.session_id, signal=args.signal, grace_s=args.grace, commands=True
+        )
         raw = client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)
         out.write(raw.decode() + "\n")
         return 0
