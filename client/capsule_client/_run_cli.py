@@ -201,7 +201,7 @@ def _at_exit(
 
 def _leftovers(client: Client, session_id: str, launcher_pid: int) -> list[SessionProcess]:
     """The session's live processes but the launcher, in a fresh observation (§5)."""
-    snapshot = client.snapshot(fresh=True)
+    snapshot = client.snapshot(fresh=True, commands=True)
     for session in snapshot.sessions:
         if session.session_id == session_id:
             return [p for p in session.processes if p.pid != launcher_pid]
@@ -225,18 +225,13 @@ def _terminate(client: Client, session_id: str, grace_s: float) -> None:
 
 
 def command_line(process: SessionProcess) -> str:
-    """The process's command line: the one the daemon sent, else ``/proc/<pid>/cmdline``."""
-    command: object = process.command
-    if isinstance(command, list):
-        return shlex.join(str(part) for part in command)
-    if isinstance(command, str):
-        return command
-    try:
-        raw = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-    except OSError:
-        return "?"
-    parts = [os.fsdecode(part) for part in raw.rstrip(b"\0").split(b"\0")]
-    return shlex.join(parts) if raw else "?"
+    """The process's argv as the daemon read it (``commands: true``), else what its
+    receipt says, else ``?`` (it exited, or its argv could not be read)."""
+    if isinstance(process.command, list):
+        return shlex.join(process.command)
+    if isinstance(process.receipt_command, str):
+        return process.receipt_command
+    return "?"
 
 
 def render_leftovers(session_id: str, processes: list[SessionProcess], now_s: float) -> str:
