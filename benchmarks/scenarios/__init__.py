@@ -15,6 +15,7 @@ from . import (
     fresh,
     idle,
     latency,
+    launcher,
     live,
     memory,
     metrics,
@@ -178,6 +179,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         baseline="the benchmark's own os.kill + waitpid of 100 sleeps",
         targets=("terminate of a 100-process session, all exiting on TERM: p50 / p99",),
         run=terminate.run,
+    ),
+    Scenario(
+        number=17,
+        title="capsulectl run: the launcher's fixed cost, its memory, an orphan found under it",
+        baseline="`true` started and waited for by the benchmark, alternating with the launcher",
+        targets=(
+            "`capsulectl run -- true` against `true`: <= 150 ms more (p50, daemon running)",
+            "the waiting launcher's RSS",
+            "orphan under the launcher found: p50 / p99 (a since long poll)",
+        ),
+        run=launcher.run,
     ),
 )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from ._client import Client
-from ._exceptions import CapsuleError, DaemonNotRunning, NoSuchSession
+from ._exceptions import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession
 from ._render import duration, one_line
 from ._render_terminate import GRACE_MAX_S
 from .paths import default_home
@@ -201,7 +201,10 @@ def _at_exit(
 
 def _leftovers(client: Client, session_id: str, launcher_pid: int) -> list[SessionProcess]:
     """The session's live processes but the launcher, in a fresh observation (§5)."""
-    snapshot = client.snapshot(fresh=True, commands=True)
+    try:
+        snapshot = client.snapshot(fresh=True, commands=True)
+    except InvalidParams:  # a daemon older than ``commands``: the argv is read here instead
+        snapshot = client.snapshot(fresh=True)
     for session in snapshot.sessions:
         if session.session_id == session_id:
             return [p for p in session.processes if p.pid != launcher_pid]
@@ -225,10 +228,16 @@ def _terminate(client: Client, session_id: str, grace_s: float) -> None:
 
 
 def command_line(process: SessionProcess) -> str:
-    """The process's argv as the daemon read it (``commands: true``), else what its
-    receipt says, else ``?`` (it exited, or its argv could not be read)."""
+    """The process's argv as the daemon read it (``commands: true``), else as
+    ``/proc/<pid>/cmdline`` says now, else what its receipt says, else ``?``."""
     if isinstance(process.command, list):
         return shlex.join(process.command)
+    try:
+        raw = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    except OSError:
+        raw = b""
+    if raw:
+        return shlex.join(os.fsdecode(part) for part in raw.rstrip(b"\0").split(b"\0"))
     if isinstance(process.receipt_command, str):
         return process.receipt_command
     return "?"
@@ -244,5 +253,5 @@ def render_leftovers(session_id: str, processes: list[SessionProcess], now_s: fl
     width = max(len(str(p.pid)) for p in processes)
     for process in sorted(processes, key=lambda p: p.pid):
         age = duration(max(now_s - process.started_at, 0.0))
-        lines.append(f"  {process.pid:>{width}}  {age:>4}  {one_line(command_line(process))}")
+        lines.append(f"  {process.pid:>{width}}  {age:>5}  {one_line(command_line(process))}")
     return "\n".join(lines)
