@@ -181,7 +181,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         run=terminate.run,
     ),
     Scenario(
-        number=17,
+        number=18,
         title="capsulectl run: the launcher's fixed cost, its memory, an orphan found under it",
         baseline="`true` started and waited for by the benchmark, alternating with the launcher",
         targets=(

@@ -1,4 +1,4 @@
-"""Scenario 17: `capsulectl run`'s fixed cost, the waiting launcher's memory, and an orphan
+"""Scenario 18: `capsulectl run`'s fixed cost, the waiting launcher's memory, and an orphan
 found under it (docs/design.md §10).
 
 **Fixed cost.** ``capsulectl run --session S -- true`` against ``true``, each
@@ -173,7 +173,7 @@ def run(ctx: Context) -> Outcome:
         rss = _waiting_rss(home, sock)
         found, gone = _orphan_latency(ctx, home, sock)
     cost = percentile(with_daemon, 50) - percentile(bare, 50)
-    ctx.log(f"17: run -- true costs {cost * 1000:.0f} ms more than true; RSS {rss} KiB")
+    ctx.log(f"18: run -- true costs {cost * 1000:.0f} ms more than true; RSS {rss} KiB")
     verdicts = [
         judge(
             "`capsulectl run -- true` against `true`: <= 150 ms more (p50, daemon running)",

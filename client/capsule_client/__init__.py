@@ -10,7 +10,7 @@ socket as docs/design.md §2 says and raise the exceptions listed in
 ``capsule_client.protocol``.
 """
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from ._client import Client, Subscription
 from ._core import DEFAULT_TIMEOUT_S
@@ -37,7 +37,7 @@ from ._exceptions import (
 )
 from .paths import default_home, default_socket
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from ._async_client import AsyncClient, AsyncSubscription
 
 __all__ = [
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """``AsyncClient`` and ``AsyncSubscription`` are imported when first asked for: anyio
     costs every ``capsulectl`` start (and ``capsulectl run``'s fixed cost) its import."""
     if name in ("AsyncClient", "AsyncSubscription"):
