@@ -44,8 +44,8 @@ subreaper: whatever CMD leaves behind ((cmd &), nohup, setsid, a double fork) is
 re-parented to it and listed in the session as a descendant. When CMD exits the
 launcher asks the daemon for one more look and lists on stderr what still runs,
 with the command that stops it. It exits with CMD's status (128 + N for signal N).
-What can still escape: a process a privileged helper moves elsewhere (sudo,
-systemd-run, a container runtime); see docs/design.md §10."""
+What can still escape: a process something outside CMD's tree starts or moves
+for it (systemd-run, sudo, a container runtime); see docs/design.md §10."""
 
 
 def _grace_s(text: str) -> float:
