@@ -68,13 +68,21 @@ def _blocked(signum: int) -> Iterator[None]:
 
 
 class Terminal:
-    """The controlling terminal (``/dev/tty``), or none when the launcher has none."""
+    """The launcher's stdin when it is the controlling terminal, else none.
+
+    Only a launcher whose stdin is the terminal hands the terminal to CMD: a runtime
+    that starts it with another stdin (a pipe, ``/dev/null``) keeps its terminal,
+    as a shell without job control would.
+    """
 
     def __init__(self) -> None:
+        self.fd: int | None = None
         try:
-            self.fd: int | None = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            if os.isatty(0):
+                os.tcgetpgrp(0)  # ENOTTY unless it is this process's controlling terminal
+                self.fd = 0
         except OSError:
-            self.fd = None
+            pass
 
     def foreground(self) -> int | None:
         """The terminal's foreground process group, or ``None`` without a terminal."""
@@ -92,11 +100,6 @@ class Terminal:
             return
         with _blocked(signal.SIGTTOU), contextlib.suppress(OSError):
             os.tcsetpgrp(self.fd, pgrp)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def _child_setup(tty_fd: int | None) -> Callable[[], None]:

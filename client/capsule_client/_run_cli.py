@@ -150,7 +150,6 @@ def run_command(args: argparse.Namespace, socket_path: Path) -> int:
         return code
     finally:
         launch.close()
-        terminal.close()
 
 
 def _ping(socket_path: Path) -> bool:

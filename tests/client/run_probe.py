@@ -18,7 +18,7 @@ def say(text: str) -> None:
 
 
 def size() -> str:
-    columns, rows = os.get_terminal_size(0)
+    columns, rows = os.get_terminal_size(1)
     return f"size {rows} {columns}"
 
 
@@ -32,7 +32,7 @@ def main() -> None:
         signal.signal(signum, caught)
     if not default_int:
         signal.signal(signal.SIGINT, caught)
-    fg = os.tcgetpgrp(0) == os.getpgrp()
+    fg = os.tcgetpgrp(1) == os.getpgrp()
     say(f"ready {os.getpid()} {os.getppid()} tty={os.isatty(0)},{os.isatty(1)} fg={fg} {size()}")
     for line in sys.stdin:
         word, _, arg = line.strip().partition(" ")

@@ -89,6 +89,16 @@ def test_cmd_sees_a_terminal_in_the_foreground_and_its_status_comes_back(shell: 
     assert shell.status() == 7
 
 
+def test_a_launcher_whose_stdin_is_not_the_terminal_leaves_it_alone(shell: Shell) -> None:
+    # As a runtime starting a tool command with spawn(..., stdin=DEVNULL) would.
+    shell.child.sendline(
+        shlex.join([*CAPSULECTL, "run", "--", sys.executable, str(PROBE)]) + " < /dev/null"
+    )
+    shell.child.expect(READY)
+    assert (shell.child.match[3], shell.child.match[4]) == ("False,True", "False")
+    assert shell.status() == 0
+
+
 def test_ctrl_c_reaches_cmd_once_and_not_the_launcher(shell: Shell) -> None:
     shell.probe()
     shell.child.sendintr()
