@@ -19,6 +19,8 @@ import pytest
 from run_support import Leftovers, launch, leftovers, session_processes
 from support import ChildOutput, wait_until
 
+from capsule_client import Client
+
 __all__ = ["leftovers"]  # the fixture, imported for the tests below
 
 DEADLINE_S = 10.0
@@ -138,3 +140,8 @@ def test_nothing_escapes(sock: Path, leftovers: Leftovers, tmp_path: Path, name:
         ), report
     # After the launcher has exited: still listed, as found.
     assert _listed_under(sock, session_id, pids, launcher.pid), session_processes(sock, session_id)
+    # And stoppable by the command the report names.
+    with Client(sock) as client:
+        outcome = client.terminate(session_id, grace_s=2.0)
+    assert {p.pid: p.outcome for p in outcome.processes} == dict.fromkeys(pids, "exited")
+    assert leftovers.pids(token) == []
