@@ -193,6 +193,14 @@ def layout_snapshot() -> ActiveSessionsSnapshot:
                     ),
                     SessionProcess(
                         "descendant",
+                        23,
+                        int(NOW) - 70,
+                        parent_pid=1,
+                        root_pid=10,
+                        command=["sleep", "60"],
+                    ),
+                    SessionProcess(
+                        "descendant",
                         22,
                         int(NOW) - 70,
                         parent_pid=19,
@@ -216,6 +224,7 @@ def test_sessions_table_lists_command_lines_as_a_tree() -> None:
         "ses_a [ctx_a]  exec             10   1m15s  sh -c 'npm run dev & (tsc --watch &)'",
         "               descendant       20   1m10s   \\_ npm run dev",
         "               descendant       21   1m09s      \\_ node server.js --port 3000",
+        "               descendant       23   1m10s   \\_ [parent exited] sleep 60",
         "               descendant       22   1m10s   \\_ [parent 19 exited] tsc --watch",
         "               provider_client  11   1h06m  oc (inp_x)",
         "ses_b          process          12   0s     registered process",
@@ -236,7 +245,7 @@ def test_sessions_table_is_cut_to_the_width_and_whole_when_wide() -> None:
     assert wide[0].split() == ["SESSION", "KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
     assert wide[1].split()[5:8] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
     assert wide[1].endswith("sh -c 'npm run dev & (tsc --watch &)'")
-    assert "inp_x (oc)" in wide[5] and "runs/r/inp_x/provider-clients/c.json" in wide[5]
+    assert "inp_x (oc)" in wide[6] and "runs/r/inp_x/provider-clients/c.json" in wide[6]
 
 
 def test_an_empty_scanning_snapshot_says_so() -> None:

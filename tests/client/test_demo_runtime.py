@@ -21,14 +21,21 @@ def test_demo_runtime_makes_a_session_and_a_killed_process_leaves(tmp_path: Path
         assert snapshot.discovery == "ready"
         (session,) = snapshot.sessions
         assert session.session_id.startswith("ses_demo_")
-        assert sorted(p.pid for p in session.processes) == sorted(pids)
-        assert {p.kind for p in session.processes} == {"provider_client", "exec"}
+        receipts = [p for p in session.processes if p.kind != "descendant"]
+        assert sorted(p.pid for p in receipts) == sorted(pids)
+        assert {p.kind for p in receipts} == {"provider_client", "exec"}
+        # The build shell's two sleeps (and its subshell, if it has not exited yet).
+        shell = pids[1]
+        descendants = [p for p in session.processes if p.kind == "descendant"]
+        assert len(descendants) in (2, 3) and {p.root_pid for p in descendants} == {shell}
+        assert shell in {p.parent_pid for p in descendants}
 
         os.kill(pids[-1], signal.SIGKILL)
         wait_until(lambda: proc_state(pids[-1]) in (None, "Z"), message="the killed sleep gone")
         reader = ActiveSessionReader(home)
         (session,) = reader.observe().snapshot.sessions
-        assert sorted(p.pid for p in session.processes) == sorted(pids[:-1])
+        receipts = [p for p in session.processes if p.kind != "descendant"]
+        assert sorted(p.pid for p in receipts) == sorted(pids[:-1])
 
 
 def test_demo_runtime_imports_only_the_client() -> None:

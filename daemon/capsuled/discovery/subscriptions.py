@@ -176,8 +176,8 @@ class SubscriptionHub(TaskHost):
     ) -> None:
         self._latest = latest
         self.totals = StatusTotals() if totals is None else totals
-        super().__init__()
         self._argv = ArgvCache() if argv is None else argv
+        super().__init__()
         self._subscriptions: dict[str, _Subscription] = {}
 
     @property

@@ -3,7 +3,7 @@
 The argv comes from :class:`~capsuled.processes.argv.ArgvCache`: from memory when every
 listed process was checked within :data:`~capsuled.processes.argv.RECHECK_S`, else read
 in a worker thread, never on the event loop. An answer with commands is a
-copy; the published answer (and its encoding, ``capsuled.encoded``) is never
+copy; the published answer (and its encoding, ``capsuled.discovery.encoded_answer``) is never
 touched, so an answer without commands costs what it cost before.
 """
 
