@@ -187,12 +187,14 @@ class Launch:
         return True
 
     def children(self) -> bool:
-        """Whether the launcher still has a child (live or a zombie not yet reaped)."""
-        self._reap()
-        try:
-            return os.waitpid(-1, os.WNOHANG) == (0, 0)
-        except ChildProcessError:
-            return False
+        """Whether the launcher still has a child (reaping every one that has exited)."""
+        while True:
+            self._reap()
+            try:  # WNOWAIT: one that exits meanwhile is reaped by the next _reap, not here
+                if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                    return True
+            except ChildProcessError:
+                return False
 
     def close(self) -> None:
         """Restore the signal handlers and the wake-up fd; close the pipe."""

@@ -106,19 +106,21 @@ def test_terminate_on_exit_stops_the_leftovers_but_not_the_launcher(
 
 def test_wait_stays_reaping_until_the_leftovers_exit(sock: Path, leftovers: Leftovers) -> None:
     home = sock.parent / "home"
-    token = leftovers.token()
-    launcher = launch(
-        home, sock, "ses_run_wait", ["bash", "-c", f"(sleep {token} &); exit 6"], "--wait"
-    )
+    first, second = leftovers.token(), leftovers.token()
+    script = f"(sleep {first} &); (sleep {second} &); exit 6"
+    launcher = launch(home, sock, "ses_run_wait", ["bash", "-c", script], "--wait")
     err = ChildOutput(launcher.stderr)
     try:
         err.wait_for(b"waiting for them to exit", timeout_s=DEADLINE_S)
-        (pid,) = leftovers.pids(token)
+        ((one,), (two,)) = leftovers.pids(first), leftovers.pids(second)
+        os.kill(one, signal.SIGTERM)
+        # The first one reaped, the launcher waits on for the second.
+        wait_until(lambda: proc_state(one) is None, timeout_s=DEADLINE_S, message="one reaped")
         assert launcher.poll() is None
-        os.kill(pid, signal.SIGTERM)
+        os.kill(two, signal.SIGTERM)
         assert launcher.wait(timeout=DEADLINE_S) == 6
         err.wait_for(b"every process has exited", timeout_s=DEADLINE_S)
-        assert proc_state(pid) is None  # reaped by the launcher
+        assert proc_state(two) is None  # reaped by the launcher
     finally:
         if launcher.poll() is None:
             launcher.kill()
