@@ -71,15 +71,20 @@ def _timed(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def _fixed_cost(ctx: Context, home: Path, sock: Path) -> tuple[list[float], list[float]]:
-    """(run -- true, true) durations in seconds, alternating."""
+def _fixed_cost(
+    ctx: Context, home: Path, sock: Path
+) -> tuple[list[float], list[float], list[float]]:
+    """(run -- true, true, the interpreter importing capsulectl) durations in seconds,
+    alternating."""
     env = _env(home, sock)
     with_run: list[float] = []
     bare: list[float] = []
+    imports: list[float] = []
     for _ in range(ctx.size(quick=3, full=40)):
         with_run.append(_timed([*_capsulectl(), "run", "--session", "ses_b", "--", "true"], env))
         bare.append(_timed(["true"], env))
-    return with_run, bare
+        imports.append(_timed([sys.executable, "-c", "import capsule_client.cli"], env))
+    return with_run, bare, imports
 
 
 def _rss_kib(pid: int) -> int:
@@ -167,9 +172,9 @@ def run(ctx: Context) -> Outcome:
     home = scratch / "home"
     home.mkdir(mode=0o700)
     sock = scratch / "d.sock"
-    alone, bare_alone = _fixed_cost(ctx, scratch / "nohome", scratch / "none.sock")
+    alone, bare_alone, _ = _fixed_cost(ctx, scratch / "nohome", scratch / "none.sock")
     with DaemonProcess(home, sock, log_level="warning"):
-        with_daemon, bare = _fixed_cost(ctx, home, sock)
+        with_daemon, bare, imports = _fixed_cost(ctx, home, sock)
         rss = _waiting_rss(home, sock)
         found, gone = _orphan_latency(ctx, home, sock)
     cost = percentile(with_daemon, 50) - percentile(bare, 50)
@@ -193,6 +198,7 @@ def run(ctx: Context) -> Outcome:
                 [name, str(len(s)), _ms(s, 50), _ms(s, 99)]
                 for name, s in (
                     ("`true`", bare),
+                    ("`python -c 'import capsule_client.cli'` (the launcher's floor)", imports),
                     ("`capsulectl run -- true`, daemon running", with_daemon),
                     ("`true` (beside the run without a daemon)", bare_alone),
                     ("`capsulectl run -- true`, no daemon", alone),
@@ -216,7 +222,8 @@ def run(ctx: Context) -> Outcome:
         "Fixed cost: wall time of subprocess.run in the benchmark, the interpreter's start "
         "and capsule_client's imports included; with a daemon the launcher also pings it, "
         "registers the session and its row in the store, and asks for one fresh look "
-        "(sessions.snapshot with max_age_ms 0) when CMD exits.",
+        "(sessions.snapshot with max_age_ms 0) when CMD exits. The interpreter starting and "
+        "importing capsulectl, alternating with them, is the part no launcher work can save.",
         f"RSS: VmRSS of the launcher while its CMD runs ({rss} KiB).",
         "Orphan -> listed: from the monotonic clock read before `sh -c 'sleep 300 & echo $!'` "
         "in CMD to the `since` answer listing the sleep with root_pid the launcher; only the "
