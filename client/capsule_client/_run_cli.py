@@ -34,7 +34,8 @@ EXIT_NOT_EXECUTABLE: Final = 126
 EXIT_NOT_FOUND: Final = 127
 #: ``--terminate-on-exit`` without a value: the grace of ``capsulectl terminate``.
 DEFAULT_GRACE_S: Final = 5.0
-#: The daemon's answer to the launcher's questions, seconds (a ping, the look at exit).
+#: The daemon's answer to the launcher's questions (a ping, the look at exit), seconds,
+#: unless ``--timeout`` says otherwise.
 LOOK_TIMEOUT_S: Final = 10.0
 
 EPILOG: Final = """\
@@ -123,7 +124,7 @@ def run_command(args: argparse.Namespace, socket_path: Path) -> int:
     except (OSError, sqlite3.Error, StoreVersionError) as exc:
         _say(f"cannot register session {one_line(session_id)} in {home}: {exc}")
         return EXIT_REGISTER
-    daemon = _ping(socket_path)
+    daemon = _ping(socket_path, getattr(args, "timeout", LOOK_TIMEOUT_S))
     if not daemon:
         _say(
             f"capsuled is not running on {socket_path}: the command runs, but nothing "
@@ -152,9 +153,9 @@ def run_command(args: argparse.Namespace, socket_path: Path) -> int:
         launch.close()
 
 
-def _ping(socket_path: Path) -> bool:
+def _ping(socket_path: Path, timeout_s: float) -> bool:
     try:
-        with Client(socket_path, timeout_s=LOOK_TIMEOUT_S) as client:
+        with Client(socket_path, timeout_s=timeout_s) as client:
             client.ping()
     except CapsuleError:
         return False
@@ -171,7 +172,8 @@ def _at_exit(
 ) -> None:
     """One more look; the report, or ``--terminate-on-exit``, or ``--wait``."""
     try:
-        with Client(socket_path, timeout_s=LOOK_TIMEOUT_S) as client:
+        timeout_s = getattr(args, "timeout", LOOK_TIMEOUT_S)
+        with Client(socket_path, timeout_s=timeout_s) as client:
             left = _leftovers(client, session_id, launcher[0])
             if not left:
                 return
