@@ -71,9 +71,8 @@ def test_adopted_orphans_are_reaped_and_cmd_status_kept(
     token = leftovers.token()
     go = tmp_path / "go"
     os.mkfifo(go)
-    launcher = launch(
-        home, sock, "ses_run_reaped", ["bash", "-c", f"(sleep {token} &); read _ < {go}; exit 9"]
-    )
+    script = f"(sleep {token} &); exec 3<> {go}; read -t 60 _ <&3; exit 9"
+    launcher = launch(home, sock, "ses_run_reaped", ["bash", "-c", script])
     (pid,) = wait_until(lambda: leftovers.pids(token), timeout_s=DEADLINE_S, message="the sleep")
     assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher.pid
     os.kill(pid, signal.SIGKILL)

@@ -84,6 +84,18 @@ PATTERNS = {
 }
 
 
+def _release(go: Path) -> None:
+    """Write the line CMD waits for on ``go``, if CMD still reads it."""
+    try:
+        fd = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: nobody reads it any more
+        return
+    try:
+        os.write(fd, b"go\n")
+    finally:
+        os.close(fd)
+
+
 def _listed_under(sock: Path, session_id: str, pids: list[int], root: int) -> bool:
     processes = session_processes(sock, session_id)
     return all(
@@ -103,7 +115,9 @@ def test_nothing_escapes(sock: Path, leftovers: Leftovers, tmp_path: Path, name:
     ready = tmp_path / "ready"
     leave = pattern.script.format(t=token, py=sys.executable)
     before, after = ("", leave) if pattern.last_moment else (leave, "")
-    script = f"{before}\necho ok > {ready}\nread _ < {go}\n{after}\nexit 0\n"
+    # The FIFO opened read-write (no block), the read bounded: a CMD whose test failed
+    # exits by itself.
+    script = f"{before}\nexec 3<> {go}\necho ok > {ready}\nread -t 60 _ <&3\n{after}\nexit 0\n"
     launcher = launch(home, sock, session_id, ["bash", "-c", script])
     err = ChildOutput(launcher.stderr)
     try:
@@ -124,6 +138,7 @@ def test_nothing_escapes(sock: Path, leftovers: Leftovers, tmp_path: Path, name:
         assert launcher.wait(timeout=DEADLINE_S) == 0
         err.wait_for(f"capsulectl terminate {session_id}".encode(), timeout_s=DEADLINE_S)
     finally:
+        _release(go)  # a CMD still waiting (a failed step) exits, not left behind blocked
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
