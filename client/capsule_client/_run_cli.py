@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 from ._client import Client
 from ._exceptions import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession
 from ._render import duration, one_line
-from ._render_terminate import GRACE_MAX_S
+from ._render_terminate import grace_s
 from .paths import default_home
 from .protocol import SessionProcess
 
@@ -49,18 +49,6 @@ What can still escape: a process something outside CMD's tree starts or moves
 for it (systemd-run, sudo, a container runtime); see docs/design.md §10."""
 
 
-def _grace_s(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= GRACE_MAX_S:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds from 0 to {GRACE_MAX_S:g}, not {text!r}"
-        )
-    return value
-
-
 def _session_id(text: str) -> str:
     if not text or not text.isprintable() or len(text) > 256:
         raise argparse.ArgumentTypeError(f"must be 1 to 256 printable characters, not {text!r}")
@@ -83,7 +71,7 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
         "--terminate-on-exit",
         metavar="GRACE_S",
         nargs="?",
-        type=_grace_s,
+        type=grace_s,
         const=DEFAULT_GRACE_S,
         help="when CMD exits, terminate what is left of the session: TERM, then KILL "
         f"after GRACE_S seconds (default: {DEFAULT_GRACE_S:g}; write it --terminate-on-exit=S)",
