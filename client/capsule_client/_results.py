@@ -68,7 +68,9 @@ class DiscoveryCost(Struct):
         directories: directories listed.
         receipts: receipt files read (or stat-checked and found changed).
         bytes: receipt bytes read.
-        process_samples: process tables sampled.
+        process_samples: process samples taken (whole tables or partial).
+        process_stats: processes whose ``/proc`` stat the samples read (a whole
+            table reads every process's; a partial sample only the pids asked).
         rescans: full walks from scratch (0 or 1).
         retained: candidates kept after the observation.
         dirty_paths: changed paths pending at the start.
@@ -79,6 +81,7 @@ class DiscoveryCost(Struct):
     bytes: int = 0
     process_samples: int = 0
     rescans: int = 0
+    process_stats: int = 0
     retained: int = 0
     dirty_paths: int = 0
 

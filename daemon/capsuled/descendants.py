@@ -48,8 +48,10 @@ apply: start background work with ``setsid`` itself, from a session
 process — the new session's leader is then a child the next look sees, and
 everything started in that Unix session is a descendant by its ``sid``,
 however it is re-parented. A process a new root had started before the root
-became a root is found at the next full table (the observation that brought
-the root).
+became a root is found at the next full table: a look without one that is
+given a root older than its probe range (a pid handed out before its last
+look) sets :attr:`DescendantTracker.owes_table`, and the daemon's next look
+takes one at once (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -251,6 +253,9 @@ class DescendantTracker:
         self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
         self._exits = _ExitPoll(max_pidfds)
         self.last_cost = LookCost()
+        #: A look without a table was given a root started before its probe range:
+        #: what that root started earlier is found only in a full table.
+        self.owes_table = False
 
     def close(self) -> None:
         """Let every pidfd go; the tracker forgets what it kept."""
@@ -285,6 +290,13 @@ class DescendantTracker:
                 or self._span(counter) > self.max_probed_pids
             ):
                 table, full = take_table(), True
+            elif any(key not in self._roots for key in roots):
+                new_pids = self._new_pids(counter)
+                self.owes_table |= any(
+                    key not in self._roots and key[0] not in new_pids for key in roots
+                )
+        if full:
+            self.owes_table = False
         members, stats = self._members(roots, clock, None if table is None else table.stats)
         probed = lists = 0
         if table is not None:

@@ -176,6 +176,7 @@ class Discovery:
             look=lambda: self._reader.lineage.look(),
             active=lambda: self._reader.lineage.active,
             wake=self.wake,
+            owed=lambda: self._reader.lineage.owes_table,
         )
         self.changes.listener = self._changed
         # observed_at → pid → sampled start time (``Observation.watched``), newest last.
@@ -321,6 +322,7 @@ class Discovery:
         """One observation in a worker thread, counted, published (single flight's ``run``)."""
         reader = self._reader
         reader.trust_watcher = self.watcher_mode != "off"
+        reader.running = self.exits.running()
         if not reader.trust_watcher:
             self.changes.request_rescan()
         self._sampler.begin()

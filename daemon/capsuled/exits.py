@@ -133,6 +133,11 @@ class ExitWatch:
         """Descriptors held now."""
         return len(self._watches)
 
+    def running(self) -> dict[int, float]:
+        """pid → start time (Unix s) of the watched processes whose exit was not reported:
+        they run now (a pidfd names one process for good). Empty when exits are sampled."""
+        return {pid: watch.started_at_s for pid, watch in self._watches.items()}
+
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""

@@ -143,12 +143,14 @@ class OwnershipReader:
         return (*identity, int(data_version))
 
     def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int] | None
     ) -> Ownership:
         """Which session owns each of the given input ids, exec ids and pids.
 
         Only the keys asked are read, in one read transaction; long key lists
-        are split into chunks of :data:`CHUNK_SIZE`. A missing store means nobody owns
+        are split into chunks of :data:`CHUNK_SIZE`. ``pids`` None reads every
+        process row (the reader asks so when the store changed: the rows then
+        name the pids it reads, docs/design.md §5). A missing store means nobody owns
         anything: the answer is empty, with a gap saying so.
 
         Raises:
@@ -164,7 +166,7 @@ class OwnershipReader:
             )
         except OSError as exc:
             raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
-        asked = sorted(set(inputs)), sorted(set(execs)), sorted(set(pids))
+        asked = sorted(set(inputs)), sorted(set(execs)), None if pids is None else sorted(set(pids))
         try:
             db = self._connect((st.st_dev, st.st_ino))
             db.execute("BEGIN")
@@ -216,7 +218,7 @@ class OwnershipReader:
                 )
 
     def _read(
-        self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]
+        self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int] | None
     ) -> Ownership:
         """Inside a read transaction: the owners of the keys asked, and their contexts."""
         (version,) = db.execute("PRAGMA user_version").fetchone()  # starts the read
@@ -224,21 +226,28 @@ class OwnershipReader:
             raise StoreUnavailable(
                 f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
             )
-        if not (inputs or execs or pids):
+        if not (inputs or execs or pids or pids is None):
             return Ownership()
         self.queries += 1
         owned_inputs = dict(self._select(db, "session_inputs", "input_id", inputs))
         owned_execs = dict(self._select(db, "session_execs", "exec_id", execs))
         processes: dict[int, list[tuple[int, str]]] = {}
-        for pid_chunk in _chunks(pids):
-            marks = ",".join("?" * len(pid_chunk))
-            rows = db.execute(
-                "SELECT pid, started_at, session_id FROM session_processes"
-                f" WHERE pid IN ({marks}) ORDER BY pid, started_at",
-                pid_chunk,
+        query = "SELECT pid, started_at, session_id FROM session_processes"
+        rows: Iterable[tuple[int, int, str]]
+        if pids is None:
+            rows = db.execute(f"{query} ORDER BY pid, started_at")
+        else:
+            rows = (
+                row
+                for pid_chunk in _chunks(pids)
+                for row in db.execute(
+                    f"{query} WHERE pid IN ({','.join('?' * len(pid_chunk))})"
+                    " ORDER BY pid, started_at",
+                    pid_chunk,
+                )
             )
-            for pid, started_at, session_id in rows:
-                processes.setdefault(pid, []).append((started_at, session_id))
+        for pid, started_at, session_id in rows:
+            processes.setdefault(pid, []).append((started_at, session_id))
         sessions = sorted(
             {*owned_inputs.values(), *owned_execs.values()}
             | {session for rows in processes.values() for _, session in rows}

@@ -29,6 +29,14 @@ Departures from the original reader, each allowed by docs/design.md §5:
   would leave the same stamps (git's "racy clean" problem). Liveness is
   re-evaluated against every fresh sample, for the candidates of the pids
   the sample shows gone or reused.
+* Step 1's "fresh process sample" is, in an observation that neither walks
+  nor verifies, a :class:`~capsuled.processes.PartialSample`: the stat of
+  the pids that the candidates, the store's rows, the servers and the changed
+  receipts name, read when asked, and none for those that a pidfd watches
+  and has not reported gone (``running``). It says of every pid asked what a
+  full sample would: an observation woken by a change costs O(the change),
+  not O(the process table) (docs/design.md §5). Walks and verifications take
+  the full sample, and the descendants their full table.
 * Step 3 asks the store only about what it was not asked before, unless the
   store's ``PRAGMA data_version`` moved; step 4 compares that version instead
   of querying again.
@@ -58,7 +66,7 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
 from capsuled.changes import ChangeFeed
 from capsuled.layout import Action, action
-from capsuled.processes import sample_with_table
+from capsuled.processes import PartialSample, ProcessSample, partial_samples, sample_with_table
 from capsuled.proctable import ProcessTable
 from capsuled.reader.candidates import Candidates, wire_text
 from capsuled.reader.errors import Errors, ObservationCancelled, Unavailable
@@ -119,6 +127,12 @@ class ActiveSessionReader:
         trust_watcher: whether a watcher feeds ``changes`` (may be changed
             between observations: the daemon sets it from its watcher mode).
 
+    Attributes:
+        running: pid → start time (Unix s) of processes known to run now
+            (their pidfd has not reported an exit); the daemon sets it before
+            each observation. An observation that neither walks nor verifies
+            reads no stat for them.
+
     The first observation walks from scratch.
 
     **Trusting the watcher.** With ``trust_watcher`` set, an observation that
@@ -162,6 +176,7 @@ class ActiveSessionReader:
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
         self.trust_watcher = trust_watcher
+        self.running: Mapping[int, float] = {}
         self._cancel = threading.Event() if cancel is None else cancel
         self._candidates = Candidates()
         self._errors = Errors()
@@ -236,6 +251,8 @@ class ActiveSessionReader:
             self._owe_rescan()
             _unavailable(snapshot, f"observation failed: {exc}")
         cost.retained = len(self._candidates)
+        if isinstance(self._receipts.sample, PartialSample):
+            cost.process_stats += self._receipts.sample.reads
         snapshot.gaps = [wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
         return Observation(self.generations.stamp(snapshot), home_replaced, watched, verified)
@@ -247,7 +264,7 @@ class ActiveSessionReader:
         what a verification found."""
         version, verified = self._collect(verify_barrier_ns)
         sample = self._receipts.sample
-        self._owners.refresh(self.ownership, version, self._candidates, sample)
+        self._owners.refresh(self.ownership, version, self._candidates)
         roots = roots_of(self._candidates, self._owners, sample, PROCESS_TOLERANCE_S)
         descendants = self.lineage.observe(roots, self._table)
         answer = self._projection.project(
@@ -304,12 +321,13 @@ class ActiveSessionReader:
         self._take_changes()
         self._cost.dirty_paths = len(self._pending)
         version = self.ownership.version()
-        self._resample()
+        full = self._walk.rescan or verify_barrier_ns is not None or not self.trust_watcher
+        self._resample(full)
         verified = None
         if self._walk.rescan:
             self._pending.clear()
             self._walk.from_scratch()
-            self._resample()
+            self._resample(True)
         else:
             pending, self._pending = self._pending, set()
             self._walk.apply_all(pending)
@@ -319,14 +337,27 @@ class ActiveSessionReader:
                 self._walk.recheck_all()
         return version, verified
 
-    def _resample(self) -> None:
-        """Take a fresh sample; judge again the candidates of pids that went or were reused."""
+    def _resample(self, full: bool) -> None:
+        """Take a fresh sample (``full``: the whole table, else a :class:`PartialSample`);
+        judge again the candidates of pids that went or were reused."""
         self._cost.process_samples += 1
-        sample, self._table = sample_with_table()
-        previous, self._receipts.sample = self._receipts.sample, sample
+        previous = self._receipts.sample
+        if isinstance(previous, PartialSample):
+            previous = previous.answered()  # frozen: asking it must not read /proc now
+        sample: ProcessSample
+        if full or not partial_samples():
+            sample, self._table = sample_with_table()
+        else:
+            sample, self._table = PartialSample(self.running), None
+        self._receipts.sample = sample
+        if self._table is not None:
+            self._cost.process_stats += len(self._table.stats)
+        elif not isinstance(sample, PartialSample):
+            self._cost.process_stats += len(sample)
         candidates = self._candidates
-        for pid, start in previous.items():
-            if sample.get(pid) == start:
+        for pid in list(candidates.pids()):
+            start = sample.get(pid)
+            if start is not None and start == previous.get(pid):
                 continue
             for key in candidates.of_pid(pid):
                 if not candidates[key].live(sample):
