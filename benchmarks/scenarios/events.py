@@ -190,7 +190,7 @@ _LABELS = {
 def run(ctx: Context) -> Outcome:
     """Time written -> visible, store write -> visible and killed -> gone with plain
     requests, at about 100 and about 600 processes; the floors beside."""
-    require_modules("capsuled.inotify_watch", "capsuled.exits", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsuled.processes.exits", "capsule_client.receipts")
     from capsule_client.paths import store_path
     from capsule_client.store import OwnershipStore
 
