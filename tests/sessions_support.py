@@ -234,7 +234,7 @@ class _OwnershipMoving(OwnershipReader):
         self.calls = 0
 
     def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int] | None
     ) -> Ownership:
         answer = super().session_process_ownership(inputs, execs, pids)
         self.calls += 1

@@ -88,6 +88,38 @@ def test_an_exit_drops_receipts_without_reading_them(world: World) -> None:
     assert len(after.unowned) == 3
 
 
+def test_an_observation_woken_by_a_change_reads_only_the_stat_of_the_pids_it_names(
+    world: World,
+) -> None:
+    """docs/design.md §5: an observation woken by a change costs O(the change); the
+    processes a pidfd holds (``running``) are not read at all."""
+    kept = [world.pool.start() for _ in range(3)]
+    for i, process in enumerate(kept):
+        world.exec_receipt(f"exe_{i}", process.pid)
+    reader = trusting(world)
+    walked = reader.observe()
+    table = walked.snapshot.cost.process_stats
+    assert table >= len(kept)  # a walk reads the whole table
+    assert walked.watched is not None
+    reader.running = dict(walked.watched)  # what the daemon's pidfds hold now
+
+    newcomer = world.pool.start()
+    world.feed.add([world.exec_receipt("exe_new", newcomer.pid)])
+    fed = reader.observe().snapshot
+    assert {p.pid for p in fed.unowned} == {newcomer.pid, *(p.pid for p in kept)}
+    assert (fed.cost.process_samples, fed.cost.process_stats) == (1, 1)  # the newcomer's
+
+    world.pool.kill(kept[0])
+    running = dict(reader.running)
+    del running[kept[0].pid]  # its pidfd reported the exit: no longer held
+    reader.running = running
+    world.feed.add([])  # a wake with no path, as an exit's
+    gone = reader.observe().snapshot
+    assert kept[0].pid not in {p.pid for p in gone.unowned}
+    assert gone.cost.process_stats == 2  # the exited pid and the newcomer (not held)
+    assert answer(gone) == answer(ActiveSessionReader(world.home).observe().snapshot)
+
+
 def test_ownership_is_asked_only_about_what_changed(world: World) -> None:
     process = world.pool.start()
     world.own("ses_a", execs=["exe_1", "exe_2"])
