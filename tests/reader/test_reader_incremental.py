@@ -6,8 +6,9 @@ The rules are docs/design.md §5.
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import msgspec
@@ -92,32 +93,46 @@ def test_an_observation_woken_by_a_change_reads_only_the_stat_of_the_pids_it_nam
     world: World,
 ) -> None:
     """docs/design.md §5: an observation woken by a change costs O(the change); the
-    processes a pidfd holds (``running``) are not read at all."""
+    processes held by a pidfd that has not turned readable are not read at all."""
     kept = [world.pool.start() for _ in range(3)]
     for i, process in enumerate(kept):
         world.exec_receipt(f"exe_{i}", process.pid)
     reader = trusting(world)
-    walked = reader.observe()
-    table = walked.snapshot.cost.process_stats
-    assert table >= len(kept)  # a walk reads the whole table
-    assert walked.watched is not None
-    reader.running = dict(walked.watched)  # what the daemon's pidfds hold now
+    pidfds: list[int] = []
 
-    newcomer = world.pool.start()
-    world.feed.add([world.exec_receipt("exe_new", newcomer.pid)])
-    fed = reader.observe().snapshot
-    assert {p.pid for p in fed.unowned} == {newcomer.pid, *(p.pid for p in kept)}
-    assert (fed.cost.process_samples, fed.cost.process_stats) == (1, 1)  # the newcomer's
+    def hold(watched: Mapping[int, float] | None) -> None:
+        """What the daemon's exit watch does with an observation's ``watched``."""
+        assert watched is not None
+        for fd in pidfds:
+            os.close(fd)
+        pidfds[:] = []
+        held = {}
+        for pid, start in watched.items():
+            pidfds.append(os.pidfd_open(pid))
+            held[pid] = (start, pidfds[-1])
+        reader.held = held
 
-    world.pool.kill(kept[0])
-    running = dict(reader.running)
-    del running[kept[0].pid]  # its pidfd reported the exit: no longer held
-    reader.running = running
-    world.feed.add([])  # a wake with no path, as an exit's
-    gone = reader.observe().snapshot
-    assert kept[0].pid not in {p.pid for p in gone.unowned}
-    assert gone.cost.process_stats == 2  # the exited pid and the newcomer (not held)
-    assert answer(gone) == answer(ActiveSessionReader(world.home).observe().snapshot)
+    try:
+        walked = reader.observe()
+        assert walked.snapshot.cost.process_stats >= len(kept)  # a walk reads the whole table
+        hold(walked.watched)
+
+        newcomer = world.pool.start()
+        world.feed.add([world.exec_receipt("exe_new", newcomer.pid)])
+        fed = reader.observe()
+        assert {p.pid for p in fed.snapshot.unowned} == {newcomer.pid, *(p.pid for p in kept)}
+        assert (fed.snapshot.cost.process_samples, fed.snapshot.cost.process_stats) == (1, 1)
+        hold(fed.watched)
+
+        world.pool.kill(kept[0])  # its pidfd turns readable
+        world.feed.add([])  # a wake with no path, as an exit's
+        gone = reader.observe().snapshot
+        assert kept[0].pid not in {p.pid for p in gone.unowned}
+        assert gone.cost.process_stats == 1  # the exited pid's stat alone
+        assert answer(gone) == answer(ActiveSessionReader(world.home).observe().snapshot)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
 
 
 def test_ownership_is_asked_only_about_what_changed(world: World) -> None:

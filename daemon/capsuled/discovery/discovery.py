@@ -318,7 +318,7 @@ class Discovery:
         """One observation in a worker thread, counted, published (single flight's ``run``)."""
         reader = self._reader
         reader.trust_watcher = self.watcher_mode != "off"
-        reader.running = self.exits.running()
+        reader.held = self.exits.holding()
         if not reader.trust_watcher:
             self.changes.request_rescan()
         self._sampler.begin()

@@ -133,10 +133,11 @@ class ExitWatch(TaskHost):
         """Descriptors held now."""
         return len(self._watches)
 
-    def running(self) -> dict[int, float]:
-        """pid → start time (Unix s) of the watched processes whose exit was not reported:
-        they run now (a pidfd names one process for good). Empty when exits are sampled."""
-        return {pid: watch.started_at_s for pid, watch in self._watches.items()}
+    def holding(self) -> dict[int, tuple[float, int]]:
+        """pid → (start time, Unix s; its pidfd) of every process watched now: while its
+        pidfd is not readable it runs (a pidfd names one process for good; see
+        :func:`capsuled.processes.sample.still_running`). Empty when exits are sampled."""
+        return {pid: (watch.started_at_s, watch.fd) for pid, watch in self._watches.items()}
 
     @property
     def notes(self) -> list[str]:

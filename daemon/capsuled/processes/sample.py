@@ -23,6 +23,7 @@ sample is for walks and verification.
 from __future__ import annotations
 
 import os
+import select
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -42,6 +43,7 @@ __all__ = [
     "partial_samples",
     "sample_processes",
     "sample_with_table",
+    "still_running",
 ]
 
 #: pid → start time, Unix seconds.
@@ -125,6 +127,19 @@ def sample_with_table() -> tuple[dict[int, float], ProcessTable | None]:
     counter = last_pid()  # before the listing: every pid up to it is in the table
     stats: dict[int, ProcStat] = {}
     return _sample_proc(stats), ProcessTable(counter, stats)
+
+
+def still_running(held: Mapping[int, tuple[float, int]]) -> dict[int, float]:
+    """pid → start time of the ``held`` processes (pid → (start, pidfd)) whose pidfd is
+    not readable now: one ``poll`` of them all. A readable, closed or invalid descriptor
+    leaves its pid out (the sample then reads its stat)."""
+    if not held:
+        return {}
+    poller = select.poll()
+    for _start, fd in held.values():
+        poller.register(fd, select.POLLIN)
+    ready = {fd for fd, _events in poller.poll(0)}
+    return {pid: start for pid, (start, fd) in held.items() if fd not in ready}
 
 
 def partial_samples() -> bool:

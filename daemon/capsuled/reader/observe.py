@@ -33,8 +33,9 @@ Departures from the original reader, each allowed by docs/design.md §5:
   nor verifies, a :class:`~capsuled.processes.sample.PartialSample`: the stat of
   the pids that the candidates, the store's rows, the servers and the changed
   receipts name, read when asked, and none for those that a pidfd watches
-  and has not reported gone (``running``). It says of every pid asked what a
-  full sample would: an observation woken by a change costs O(the change),
+  and has not reported gone (``held``: one ``poll`` of their pidfds). It
+  says of every pid asked what a full sample would: an observation woken by
+  a change costs O(the change),
   not O(the process table) (docs/design.md §5). Walks and verifications take
   the full sample, and the descendants their full table.
 * Step 3 asks the store only about what it was not asked before, unless the
@@ -70,6 +71,7 @@ from capsuled.processes.sample import (
     ProcessSample,
     partial_samples,
     sample_with_table,
+    still_running,
 )
 from capsuled.processes.table import ProcessTable
 from capsuled.watch.changes import ChangeFeed
@@ -134,10 +136,10 @@ class ActiveSessionReader:
             between observations: the daemon sets it from its watcher mode).
 
     Attributes:
-        running: pid → start time (Unix s) of processes known to run now
-            (their pidfd has not reported an exit); the daemon sets it before
-            each observation. An observation that neither walks nor verifies
-            reads no stat for them.
+        held: pid → (start time, Unix s; pidfd) of the processes the daemon's
+            exit watch holds; set before each observation. An observation that
+            neither walks nor verifies polls their pidfds once and reads no
+            stat for those that have not exited.
 
     The first observation walks from scratch.
 
@@ -182,7 +184,7 @@ class ActiveSessionReader:
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
         self.trust_watcher = trust_watcher
-        self.running: Mapping[int, float] = {}
+        self.held: Mapping[int, tuple[float, int]] = {}
         self._cancel = threading.Event() if cancel is None else cancel
         self._candidates = Candidates()
         self._errors = Errors()
@@ -354,7 +356,7 @@ class ActiveSessionReader:
         if full or not partial_samples():
             sample, self._table = sample_with_table()
         else:
-            sample, self._table = PartialSample(self.running), None
+            sample, self._table = PartialSample(still_running(self.held)), None
         self._receipts.sample = sample
         if self._table is not None:
             self._cost.process_stats += len(self._table.stats)
