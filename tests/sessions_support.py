@@ -29,7 +29,7 @@ def proc_state(pid: int) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (``Z`` for a zombie), None if gone."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: read while it is being reaped
         return None
     return data[data.rindex(b")") + 2 :].split()[0].decode()
 
