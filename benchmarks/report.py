@@ -80,7 +80,8 @@ def render_markdown(
         "its baseline in the same run, on the same machine, one after the other. "
         "`--quick` runs every scenario at small sizes in under a minute (the test suite "
         "runs it so the benchmarks do not rot; it never asserts on speed). "
-        "`--only 1,6` runs some scenarios; `--output PATH` writes this page elsewhere.",
+        "`--only 1,6` runs some scenarios; `--output PATH` writes this page elsewhere; "
+        "`--only 1,6 --update PATH` puts their sections into a full page.",
         "",
         "## Machine",
         "",
