@@ -109,6 +109,51 @@ def _metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _mcp(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """The MCP server on stdio (docs/design.md §11), until the agent host closes it.
+
+    The SDK is imported here and nowhere else: the other commands never load it.
+    """
+    try:
+        from ._mcp import SESSION_VARIABLE, McpOptions, serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith(__package__ or "capsule_client"):
+            raise
+        print(
+            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}). Install the extra: "
+            "`pip install 'capsuled[mcp]'` (with pipx: `pipx inject capsuled mcp`).",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import anyio
+
+    options = McpOptions(
+        client.socket_path,
+        timeout_s=args.timeout,
+        allow_terminate=args.allow_terminate,
+        any_session=args.any_session,
+        session_id=os.environ.get(SESSION_VARIABLE) or None,
+    )
+    try:
+        anyio.run(lambda: serve(options, version=_version()))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-terminate",
+        action="store_true",
+        help="offer the tool terminate_session, which stops every process of a session",
+    )
+    parser.add_argument(
+        "--any-session",
+        action="store_true",
+        help="let terminate_session stop any session, not only the one in $CAPSULE_SESSION_ID",
+    )
+
+
 def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("from_session", metavar="FROM", help="the prior session, ses_...")
     parser.add_argument(
@@ -172,6 +217,12 @@ COMMANDS: Final[dict[str, Subcommand]] = {
         terminate_command,
         "signal every process of an active session, SIGKILL what is left after the grace",
         terminate_arguments,
+    ),
+    "mcp": Subcommand(
+        _mcp,
+        "an MCP server on stdio: an agent's tools to see (and, with --allow-terminate, "
+        "stop) what its session runs; needs the extra capsuled[mcp]",
+        _mcp_arguments,
     ),
 }
 
@@ -297,7 +348,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return EXIT_OK if exc.code == 0 else EXIT_USAGE
     options: dict[str, Any] = {"socket": None, "json": False, "timeout": DEFAULT_TIMEOUT_S}
     options.update({k: v for k, v in vars(args).items() if k in options})
-    args.json = options["json"]
+    args.json, args.timeout = options["json"], options["timeout"]
     command = COMMANDS[args.command].run
     socket_path = default_socket() if options["socket"] is None else Path(options["socket"])
     if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES:
