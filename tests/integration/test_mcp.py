@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,41 +22,13 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
+from mcp_support import exec_of, own
 from sessions_support import DEADLINE_S, Processes, proc_state
 from support import DaemonProcess, wait_until
-
-from capsule_client.paths import store_path
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
 
 pytestmark = pytest.mark.anyio
 
 LONG_COMMAND = "node server.js " + "--flag " * 60
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    started = Processes()
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-def own(home: Path, session_id: str, pids: Sequence[int] = ()) -> None:
-    """Register a session and the processes it owns, as a runtime would."""
-    with OwnershipStore(store_path(home)) as store:
-        store.register_session(session_id, context_id=f"ctx_{session_id}")
-        for pid in pids:
-            store.register_process(pid, session_id)
-
-
-def exec_of(home: Path, session_id: str, exec_id: str, pid: int, command: str) -> None:
-    """``pid`` is an exec of ``session_id`` with ``command``, by receipt."""
-    with OwnershipStore(store_path(home)) as store:
-        store.register_session(session_id, context_id=f"ctx_{session_id}")
-        store.register_exec(exec_id, session_id)
-    write_exec_receipt(home, exec_id, pid, command=command)
 
 
 def server_parameters(
