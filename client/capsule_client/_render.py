@@ -220,8 +220,8 @@ def duration(seconds: float) -> str:
 
 def _what(process: SessionProcess) -> str:
     """What a process is, for people: its command, or its provider and input."""
-    if isinstance(process.command, str):
-        return process.command
+    if isinstance(process.receipt_command, str):
+        return process.receipt_command
     if isinstance(process.provider, str):
         return process.provider + (
             f" ({process.input_id})" if isinstance(process.input_id, str) else ""

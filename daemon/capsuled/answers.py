@@ -4,7 +4,8 @@ The latest answer serves when it is young enough for ``max_age_ms`` and
 nothing is pending; otherwise the request shares an observation (single
 flight) retried while ``scanning``, within ``timeout_ms``. ``max_age_ms: 0``
 first awaits the watch's barrier (read-your-writes); ``since`` long-polls
-for another generation; ``usage`` measures the processes for the request.
+for another generation; ``usage`` measures the processes for the request,
+``commands`` names them (their argv, :mod:`capsuled.commands`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import msgspec
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 
+from .argv import ArgvCache
+from .commands import with_commands
 from .encoded import EncodedAnswer, encoder
 from .flight import SingleFlight
 from .processes import UsageMeter
@@ -54,18 +57,20 @@ class Answers:
         self._sync = sync
         self._encoded = EncodedAnswer()
         self._usage = UsageMeter()
+        #: The argv of the processes answers list, for ``commands: true``.
+        self.argv = ArgvCache()
 
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 
         Joined, the parts are the JSON text; they are sent as they are
         (:class:`~capsuled.encoded.EncodedAnswer`). An answer with ``usage``
-        is measured for its request, so it is encoded for it alone.
+        or ``commands`` is made for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
-        if params.usage:
-            measured = await with_usage(answer, self._usage)
-            return (encoder.encode(msgspec.structs.replace(measured, task=params.task)),)
+        if params.usage or params.commands:
+            made = await self._for_request(answer, params)
+            return (encoder.encode(msgspec.structs.replace(made, task=params.task)),)
         return self._encoded.parts(answer, params.task)
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
@@ -85,10 +90,19 @@ class Answers:
                 the request may use ended (see :meth:`Publication.late`).
             ShuttingDown: the daemon is stopping; a long poll ends with it.
         """
-        answer = await self._answer(params)
+        answer = await self._for_request(await self._answer(params), params)
+        return msgspec.structs.replace(answer, task=params.task)
+
+    async def _for_request(
+        self, answer: ActiveSessionsSnapshot, params: SnapshotParams
+    ) -> ActiveSessionsSnapshot:
+        """``answer`` with what ``params`` asks to add: usage, commands."""
+        if params.commands:
+            # Read-your-writes covers exec too: every process is checked now.
+            answer = await with_commands(answer, self.argv, fresh=params.max_age_ms == 0)
         if params.usage:
             answer = await with_usage(answer, self._usage)
-        return msgspec.structs.replace(answer, task=params.task)
+        return answer
 
     def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
         latest = self._pub.latest

@@ -70,6 +70,7 @@ from capsule_client.protocol import (
 
 from . import heap
 from .answers import Answers
+from .argv import ArgvCache
 from .changes import ChangeFeed
 from .errors import InternalError, ShuttingDown
 from .exits import DEFAULT_MAX_PIDFDS, ExitWatch
@@ -386,6 +387,11 @@ class Discovery:
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """Answer ``sessions.snapshot`` (:meth:`capsuled.answers.Answers.snapshot`)."""
         return await self._answers.snapshot(params)
+
+    @property
+    def argv(self) -> ArgvCache:
+        """The argv of listed processes, shared by every answer with ``commands``."""
+        return self._answers.argv
 
     async def next_answer(self) -> None:
         """Return once an answer with a new generation is published."""
