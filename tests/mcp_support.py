@@ -24,3 +24,8 @@ def exec_of(home: Path, session_id: str, exec_id: str, pid: int, command: str) -
         store.register_session(session_id, context_id=f"ctx_{session_id}")
         store.register_exec(exec_id, session_id)
     write_exec_receipt(home, exec_id, pid, command=command)
+
+
+#: A stand-in for a dev server an agent left running: Python that sleeps, with a
+#: command line of the kind a model has to read back (a space in an argument).
+DEV_SERVER = ["-c", "import time; time.sleep(300)", "--port", "5173", "my app"]

@@ -157,10 +157,10 @@ async def _daemon(options: McpOptions) -> AsyncIterator[AsyncClient]:
 
 async def _snapshot(client: AsyncClient, usage: bool) -> ActiveSessionsSnapshot:
     """A read-your-writes answer; with ``usage``, CPU measured between two looks."""
-    snapshot = await client.snapshot(usage=usage, fresh=True)
+    snapshot = await client.snapshot(usage=usage, fresh=True, commands=True)
     if usage:
         await anyio.sleep(USAGE_INTERVAL_S)
-        snapshot = await client.snapshot(usage=True, fresh=True)
+        snapshot = await client.snapshot(usage=True, fresh=True, commands=True)
     return snapshot
 
 
@@ -315,7 +315,7 @@ async def _terminate(
     """``session.terminate``; the caller's own session with nothing running is an empty report."""
     try:
         async with _daemon(options) as client:
-            return await client.terminate(session_id, grace_s=grace_ms / 1000)
+            return await client.terminate(session_id, grace_s=grace_ms / 1000, commands=True)
     except ToolFailure as exc:
         cause = exc.__cause__
         if isinstance(cause, NoSuchSession):

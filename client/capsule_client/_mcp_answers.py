@@ -10,12 +10,13 @@ since it needs pydantic, which comes with the MCP SDK.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
 from ._render import duration, one_line
@@ -60,8 +61,11 @@ class ProcessInfo(BaseModel):
         "descendant (started by one of those)"
     )
     command: str | None = Field(
-        description=f"its command line, cut at {COMMAND_MAX_CHARS} characters; "
-        "null where capsuled does not know it"
+        description=f"its command line as the OS says it, cut at {COMMAND_MAX_CHARS} "
+        "characters; null where the OS does not say (another user's process, a zombie)"
+    )
+    receipt_command: str | None = Field(
+        None, description="for an exec: the command its runtime wrote in the receipt"
     )
     started_at: int = Field(description="start time, Unix seconds")
     started: str = Field(description="start time, ISO 8601 in the machine's time zone")
@@ -120,6 +124,7 @@ class TerminatedInfo(BaseModel):
         "gone (had exited before it was signalled), refused (may not be signalled)"
     )
     error: str | None = Field(None, description="why, for refused")
+    command: str | None = Field(None, description="its command line, as in session_processes")
 
 
 class TerminateResult(BaseModel):
@@ -151,14 +156,15 @@ class Caller:
         return any(p == pid and abs(s - started_at) < 1.5 for p, s in self.processes)
 
 
-def command_line(process: SessionProcess) -> str | None:
-    """The process's command line from the daemon, cut at :data:`COMMAND_MAX_CHARS`."""
-    command = process.command
-    if not isinstance(command, str):
+def command_line(argv: list[str] | UnsetType | None) -> str | None:
+    """A process's argv from the daemon as one command line (``shlex.join``), cut at
+    :data:`COMMAND_MAX_CHARS` with a final "…"; None where the OS does not say."""
+    if argv is None or argv is UNSET or not argv:
         return None
-    if len(command) > COMMAND_MAX_CHARS:
-        return command[: COMMAND_MAX_CHARS - 1] + "…"
-    return command
+    line = shlex.join(argv)
+    if len(line) > COMMAND_MAX_CHARS:
+        return line[: COMMAND_MAX_CHARS - 1] + "…"
+    return line
 
 
 def _started(unix_s: int) -> str:
@@ -173,7 +179,8 @@ def process_info(process: SessionProcess, observed_at: float, caller: Caller) ->
     return ProcessInfo(
         pid=process.pid,
         kind=process.kind,
-        command=command_line(process),
+        command=command_line(process.command),
+        receipt_command=None if process.receipt_command is UNSET else process.receipt_command,
         started_at=process.started_at,
         started=_started(process.started_at),
         age_s=max(0, int(observed_at - process.started_at)),
@@ -221,6 +228,7 @@ def terminate_result(report: TerminateReport) -> TerminateResult:
                 started_at=p.started_at,
                 outcome=p.outcome,
                 error=None if p.error is UNSET else p.error,
+                command=command_line(p.command),
             )
             for p in report.processes
         ],
@@ -229,7 +237,12 @@ def terminate_result(report: TerminateReport) -> TerminateResult:
 
 
 def _process_line(process: ProcessInfo) -> str:
-    what = one_line(process.command) if process.command is not None else "(command unknown)"
+    if process.command is not None:
+        what = one_line(process.command)
+    elif process.receipt_command is not None:
+        what = one_line(process.receipt_command) + " (as its receipt says)"
+    else:
+        what = "(command unknown)"
     how: str = process.kind
     if process.kind == "descendant" and process.parent_pid is not None:
         how = f"descendant of pid {process.parent_pid}"
@@ -330,9 +343,12 @@ def terminate_text(result: TerminateResult) -> str:
         f"{result.duration_ms} ms — " + ", ".join(parts) + "."
     ]
     for process in result.processes:
+        command = one_line(process.command or "(command unknown)")
         if process.outcome == "refused":
             error = one_line(process.error or "no reason given")
-            lines.append(f"- pid {process.pid} was not stopped: {error}")
+            lines.append(f"- pid {process.pid}: {command} was not stopped: {error}")
+        else:
+            lines.append(f"- pid {process.pid}: {command} — {said[process.outcome]}")
     if "refused" in counts:
         lines.append("The user can stop those by hand (`sudo kill PID` where that is theirs).")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ pids, start times, and the processes' fate after a terminate.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,13 +23,14 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
-from mcp_support import exec_of, own
+from mcp_support import DEV_SERVER, exec_of, own
 from sessions_support import DEADLINE_S, Processes, proc_state
 from support import DaemonProcess, wait_until
 
 pytestmark = pytest.mark.anyio
 
-LONG_COMMAND = "node server.js " + "--flag " * 60
+#: A command line longer than the tools return.
+LONG_ARGV = [sys.executable, *DEV_SERVER, *["--flag"] * 60]
 
 
 def server_parameters(
@@ -112,9 +114,11 @@ async def test_terminate_is_listed_destructive_with_allow_terminate(
 async def test_list_sessions_names_each_process_with_its_command_and_age(
     daemon: DaemonProcess, procs: Processes
 ) -> None:
-    mine, dev, other = procs.sleep(), procs.sleep(), procs.sleep()
+    mine, other = procs.sleep(), procs.sleep()
+    dev = procs.start([sys.executable, *DEV_SERVER])
     own(daemon.home, "ses_mine", [mine.pid])
     exec_of(daemon.home, "ses_mine", "exe_dev", dev.pid, "npm run dev")
+    dev_line = shlex.join([sys.executable, *DEV_SERVER])
     own(daemon.home, "ses_other", [other.pid])
     async with connected(daemon.socket_path, session_id="ses_mine") as session:
         result, text = await ok(session, "list_sessions")
@@ -124,15 +128,18 @@ async def test_list_sessions_names_each_process_with_its_command_and_age(
     processes = by_pid(result["sessions"][0]["processes"])
     assert set(processes) == {mine.pid, dev.pid}
     assert processes[dev.pid]["kind"] == "exec"
-    assert processes[dev.pid]["command"] == "npm run dev"
+    assert processes[dev.pid]["command"] == dev_line  # from the OS, quoted
+    assert processes[dev.pid]["receipt_command"] == "npm run dev"
     assert processes[mine.pid]["kind"] == "process"
+    assert processes[mine.pid]["command"] == "sleep 300"
     for pid, process in processes.items():
         assert abs(process["started_at"] - psutil.Process(pid).create_time()) <= 1
         assert 0 <= process["age_s"] < 60
         assert process["this_agent"] is False
         assert process["cpu_percent"] is None and process["rss_bytes"] is None
     assert by_pid(result["sessions"][1]["processes"]).keys() == {other.pid}
-    assert f"pid {dev.pid}: npm run dev" in text
+    assert f"pid {dev.pid}: {dev_line} — exec, running for" in text
+    assert f"pid {mine.pid}: sleep 300 — process, running for" in text
     assert "ses_mine (yours)" in text and "running for" in text
     assert "capsulectl terminate ses_mine" in text  # what the user can do
     assert "--allow-terminate" in text
@@ -162,13 +169,13 @@ async def test_session_processes_is_the_callers_own_by_default_and_measures_usag
 async def test_a_long_command_line_is_cut_at_200_characters(
     daemon: DaemonProcess, procs: Processes
 ) -> None:
-    dev = procs.sleep()
-    exec_of(daemon.home, "ses_long", "exe_long", dev.pid, LONG_COMMAND)
+    dev = procs.start(LONG_ARGV)
+    own(daemon.home, "ses_long", [dev.pid])
     async with connected(daemon.socket_path, session_id="ses_long") as session:
         result, _ = await ok(session, "session_processes")
     (process,) = result["processes"]
     assert len(process["command"]) == 200
-    assert process["command"] == LONG_COMMAND[:199] + "…"
+    assert process["command"] == shlex.join(LONG_ARGV)[:199] + "…"
 
 
 async def test_the_server_and_its_ancestors_are_marked_as_this_agent(

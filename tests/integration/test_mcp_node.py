@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_support import exec_of, own
+from mcp_support import DEV_SERVER, exec_of, own
 from sessions_support import DEADLINE_S, Processes
 from support import DaemonProcess
 
@@ -62,7 +63,7 @@ def test_the_typescript_client_lists_and_calls_the_tools(
     daemon: DaemonProcess,
     procs: Processes,
 ) -> None:
-    dev, other = procs.sleep(), procs.sleep()
+    dev, other = procs.start([sys.executable, *DEV_SERVER]), procs.sleep()
     exec_of(daemon.home, "ses_mine", "exe_dev", dev.pid, "npm run dev")
     own(daemon.home, "ses_other", [other.pid])
     calls = [
@@ -84,13 +85,16 @@ def test_the_typescript_client_lists_and_calls_the_tools(
     assert not listed.get("isError")
     sessions = listed["structuredContent"]["sessions"]
     assert [s["session_id"] for s in sessions] == ["ses_mine", "ses_other"]
-    assert "npm run dev" in listed["content"][0]["text"]
+    dev_line = shlex.join([sys.executable, *DEV_SERVER])
+    assert f"pid {dev.pid}: {dev_line}" in listed["content"][0]["text"]
     (process,) = mine["structuredContent"]["processes"]
-    assert (process["pid"], process["command"]) == (dev.pid, "npm run dev")
+    assert (process["pid"], process["command"]) == (dev.pid, dev_line)
+    assert process["receipt_command"] == "npm run dev"
     assert unknown["isError"] is True and "list_sessions" in unknown["content"][0]["text"]
     assert refused["isError"] is True
     assert refused["content"][0]["text"].startswith("Terminate refused")
     assert not terminated.get("isError"), terminated
-    assert [p["outcome"] for p in terminated["structuredContent"]["processes"]] == ["exited"]
+    (stopped,) = terminated["structuredContent"]["processes"]
+    assert (stopped["pid"], stopped["outcome"], stopped["command"]) == (dev.pid, "exited", dev_line)
     assert dev.wait(timeout=DEADLINE_S) == -15
     assert other.poll() is None
