@@ -16,6 +16,7 @@ from . import (
     idle,
     latency,
     live,
+    mcp,
     memory,
     metrics,
     ping,
@@ -178,6 +179,19 @@ SCENARIOS: tuple[Scenario, ...] = (
         baseline="the benchmark's own os.kill + waitpid of 100 sleeps",
         targets=("terminate of a 100-process session, all exiting on TERM: p50 / p99",),
         run=terminate.run,
+    ),
+    Scenario(
+        number=17,
+        title="capsulectl mcp: start to the first list_sessions; list_sessions at 100 sessions",
+        baseline=(
+            "`capsulectl sessions --json`, spawn to exit; the raw snapshot the tool asks "
+            "(max_age_ms 0, commands), over the socket"
+        ),
+        targets=(
+            "capsulectl mcp start to its first answered list_sessions",
+            "list_sessions at 100 sessions: p50 / p99",
+        ),
+        run=mcp.run,
     ),
 )
 
