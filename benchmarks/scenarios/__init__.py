@@ -10,6 +10,7 @@ from benchmarks.harness import Scenario
 
 from . import (
     coldstart,
+    commands,
     descendants,
     events,
     fresh,
@@ -182,6 +183,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         number=17,
+        title="sessions.snapshot with and without commands: true, 100 live among 10k receipts",
+        baseline="the same daemon's plain answer (encoded once per observation)",
+        targets=(
+            "snapshot p50 with and without commands at 10,000 receipts, 100 live",
+            "p99 <= 2 ms with commands",
+            "the answer without commands is the answer with them less `command`",
+        ),
+        run=commands.run,
+    ),
+    Scenario(
+        number=18,
         title="capsulectl mcp: start to the first list_sessions; list_sessions at 100 sessions",
         baseline=(
             "`capsulectl sessions --json`, spawn to exit; the raw snapshot the tool asks "

@@ -19,7 +19,8 @@ from typing import Final
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
-from ._render import duration, one_line
+from ._render import duration
+from ._text import one_line
 from .protocol import (
     ActiveSessionsSnapshot,
     ProcessKind,
