@@ -51,6 +51,8 @@ __all__ = [
 COMMAND_MAX_CHARS: Final = 200
 #: Processes of one session the text of ``list_sessions`` names (all are in the structured content).
 TEXT_PROCESSES_PER_SESSION: Final = 10
+#: Processes the text of ``session_processes`` names (all are in the structured content).
+TEXT_PROCESSES: Final = 100
 
 
 class ProcessInfo(BaseModel):
@@ -255,8 +257,8 @@ def _process_line(process: ProcessInfo) -> str:
     return line
 
 
-def _lines(processes: Sequence[ProcessInfo], limit: int | None) -> Iterable[str]:
-    shown = processes if limit is None else processes[:limit]
+def _lines(processes: Sequence[ProcessInfo], limit: int) -> Iterable[str]:
+    shown = processes[:limit]
     yield from (_process_line(p) for p in shown)
     if len(processes) > len(shown):
         yield f"- and {len(processes) - len(shown)} more (in the structured result)"
@@ -318,7 +320,7 @@ def processes_text(result: SessionProcessesResult, caller: Caller) -> str:
         lines = [f"{whose} {result.session_id} has no live process: nothing of it runs."]
     else:
         lines = [f"{whose} {result.session_id} has {n} live process{'' if n == 1 else 'es'}:"]
-        lines.extend(_lines(result.processes, None))
+        lines.extend(_lines(result.processes, TEXT_PROCESSES))
     lines.extend(_gap_lines(result.gaps))
     if n:
         lines.append(_how_to_stop(result.session_id, caller))
