@@ -47,6 +47,7 @@ from ._mcp_answers import (
     terminate_result,
     terminate_text,
 )
+from ._text import one_line
 from .protocol import ActiveSessionsSnapshot, TerminateReport
 
 __all__ = ["SESSION_VARIABLE", "McpOptions", "build_server", "serve"]
@@ -122,7 +123,7 @@ def _caller(options: McpOptions) -> Caller:
     return Caller(options.session_id, frozenset(own), options.allow_terminate, options.any_session)
 
 
-def _error_text(exc: CapsuleError, options: McpOptions) -> str:
+def _error_text(exc: CapsuleError) -> str:
     """What a model reads when the daemon cannot answer, and what to do about it."""
     if isinstance(exc, DaemonNotRunning):
         return (
@@ -152,7 +153,7 @@ async def _daemon(options: McpOptions) -> AsyncIterator[AsyncClient]:
         async with AsyncClient(options.socket_path, timeout_s=options.timeout_s) as client:
             yield client
     except CapsuleError as exc:
-        raise ToolFailure(_error_text(exc, options)) from exc
+        raise ToolFailure(_error_text(exc)) from exc
 
 
 async def _snapshot(client: AsyncClient, usage: bool) -> ActiveSessionsSnapshot:
@@ -296,7 +297,8 @@ def build_server(options: McpOptions, *, version: str = "") -> MCPServer:
     return server
 
 
-def _refused_text(session_id: str, caller: Caller) -> str:
+def _refused_text(asked: str, caller: Caller) -> str:
+    session_id = one_line(asked)  # the model's own argument, spelt inert
     own = (
         f"only its own session, {caller.session_id}"
         if caller.session_id is not None
