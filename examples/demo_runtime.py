@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """A pretend agent runtime: one session with a provider client and two exec processes.
 
+The first exec is a shell that leaves background work behind, as agents'
+shells do (``sleep N & (sleep N &); wait``): the daemon lists its two
+``sleep`` processes as the session's descendants, the second under the
+shell's entry although its parent (the subshell) has exited.
+
 It uses only the writer kit that ships with the package (``capsule_client``):
 
 1. registers a session, its input and its execs in the ownership store;
@@ -39,8 +44,13 @@ from capsule_client.trace import TraceWriter
 
 def start_sleep(seconds: int) -> int:
     """Start ``sleep`` in its own session, so it outlives this script; return its pid."""
+    return start(["sleep", str(seconds)])
+
+
+def start(argv: list[str]) -> int:
+    """Start ``argv`` in its own session (and process group), so it outlives this script."""
     process = subprocess.Popen(
-        ["sleep", str(seconds)],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -87,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     for exec_id in exec_ids:
-        pid = start_sleep(args.sleep_s)
-        command = f"sleep {args.sleep_s}  # {exec_id.rsplit('_', 1)[-1]}"
+        if exec_id.endswith("_build"):
+            command = f"sleep {args.sleep_s} & (sleep {args.sleep_s} &); wait"
+            pid = start(["sh", "-c", command])
+        else:
+            command = f"sleep {args.sleep_s}"
+            pid = start_sleep(args.sleep_s)
         receipts.append(("exec", pid, write_exec_receipt(home, exec_id, pid, command=command)))
         trace.shell_detached(exec_id, "sleep", command, task_id=task_id)
 
@@ -101,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print("See it:   capsulectl sessions")
     print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `capsulectl watch`)")
     print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
+    print(f"Stop all: capsulectl terminate {session_id}   (the shell's sleeps too)")
     print(f"Resume:   capsulectl reconcile {session_id} --as ses_resumed --context {context_id}")
     return 0
 

@@ -12,6 +12,7 @@ never ends the server.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Final
 
 import anyio
-import psutil
 from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -47,6 +47,7 @@ from ._mcp_answers import (
     terminate_result,
     terminate_text,
 )
+from ._proc import boot_time_s, read_stat, start_time_s, ticks_per_s
 from ._text import one_line
 from .protocol import ActiveSessionsSnapshot, TerminateReport
 
@@ -61,6 +62,8 @@ class ToolFailure(Exception):
 SESSION_VARIABLE: Final = "CAPSULE_SESSION_ID"
 #: Seconds between the two looks that measure CPU use (``usage: true``).
 USAGE_INTERVAL_S: Final = 0.5
+#: The most ancestors read for ``this_agent`` (a guard: the chain ends at pid 1).
+MAX_ANCESTORS: Final = 64
 #: The longest grace ``terminate_session`` accepts, milliseconds (as ``session.terminate``).
 MAX_GRACE_MS: Final = 3_600_000
 
@@ -111,16 +114,25 @@ UsageArgument = Annotated[
 ]
 
 
+def _ancestry() -> frozenset[tuple[int, float]]:
+    """(pid, start time) of this server and each process it descends from (Linux's
+    ``/proc``; elsewhere, or if one cannot be read, as far as was read)."""
+    chain: set[tuple[int, float]] = set()
+    try:
+        boot_s, ticks = boot_time_s(), ticks_per_s()
+        pid = os.getpid()
+        while pid > 0 and len(chain) < MAX_ANCESTORS:
+            stat = read_stat(pid)
+            chain.add((pid, start_time_s(stat.start_ticks, boot_s, ticks)))
+            pid = stat.ppid
+    except (OSError, ValueError):
+        pass  # no /proc, or an ancestor gone meanwhile: the ones read are kept
+    return frozenset(chain)
+
+
 def _caller(options: McpOptions) -> Caller:
     """The caller now: this server and its ancestors (a parent may have exited since)."""
-    own: set[tuple[int, float]] = set()
-    try:
-        me = psutil.Process()
-        for process in (me, *me.parents()):
-            own.add((process.pid, process.create_time()))
-    except psutil.Error:
-        pass  # an ancestor gone meanwhile: the ones read are kept
-    return Caller(options.session_id, frozenset(own), options.allow_terminate, options.any_session)
+    return Caller(options.session_id, _ancestry(), options.allow_terminate, options.any_session)
 
 
 def _error_text(exc: CapsuleError) -> str:

@@ -390,11 +390,11 @@ def render_top(
                 )
             )
             name = ""
-    lines = [cut(head, width), ""]
+    lines = [head, ""]  # only the rows are cut: the heading's generation stays whole
     lines.extend(cut(line, width) for line in _aligned(rows, frozenset({1, 3, 4, 5})))
     if len(rows) == 1:
         lines.append("no active sessions")
-    lines.extend(cut(f"gap: {one_line(gap)}", width) for gap in snapshot.gaps)
+    lines.extend(f"gap: {one_line(gap)}" for gap in snapshot.gaps)
     return "\n".join(lines)
 
 

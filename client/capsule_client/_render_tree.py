@@ -5,7 +5,8 @@ each process is"), shell-quoted as ``shlex.join`` writes it, so that
 ``sh -c 'sleep 500 &'`` reads as it was typed; where the daemon gave no argv
 (``commands`` not asked, or the OS did not say) by what its receipt says.
 Descendants are indented under their parent (``ps f`` style); one whose
-parent has exited hangs from its root, marked ``[parent N exited]``. Rows are
+parent has exited hangs from its root, marked ``[parent N exited]`` (``[parent
+exited]`` when it was already re-parented to init when the daemon first saw it). Rows are
 cut to the terminal's width with ``…`` (``--wide`` and ``--json``: whole).
 """
 
@@ -126,7 +127,12 @@ def command_line(process: Listed, fallback: str = "") -> str:
 
 def shown(row: Row, fallback: str = "") -> str:
     """The command column of ``row``: indented, marked when its parent has exited."""
-    mark = "" if row.lost_parent is None else f"[parent {row.lost_parent} exited] "
+    if row.lost_parent is None:
+        mark = ""
+    elif row.lost_parent <= 1:  # re-parented to init before the daemon first saw it
+        mark = "[parent exited] "
+    else:
+        mark = f"[parent {row.lost_parent} exited] "
     return indent(row.depth) + mark + command_line(row.process, fallback)
 
 

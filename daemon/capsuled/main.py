@@ -13,9 +13,10 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
-from . import heap, logs
-from .config import Config, ConfigError, parse_args
-from .supervisor import Daemon, StartupError
+from capsuled.discovery import heap
+from capsuled.service import logs
+from capsuled.service.config import Config, ConfigError, parse_args
+from capsuled.service.supervisor import Daemon, StartupError
 
 __all__ = ["main"]
 
