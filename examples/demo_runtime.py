@@ -15,7 +15,8 @@ It uses only the writer kit that ships with the package (``capsule_client``):
    and a ``shell_detached`` per exec process that never reports an outcome,
    so a resumed session has something to reconcile;
 5. prints what it did, and how to watch and kill the processes and reconcile
-   the session.
+   the session: lines that work as pasted (``capsulectl`` by name when the
+   shell finds this install's, else by its path beside this Python).
 
 Run it with the same environment as the daemon (``CAPSULE_HOME`` or the
 default home), then ``capsulectl sessions``::
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +60,15 @@ def start(argv: list[str]) -> int:
         start_new_session=True,
     )
     return process.pid
+
+
+def capsulectl() -> str:
+    """How a shell here runs this install's ``capsulectl``: its name, or its path."""
+    beside = Path(sys.executable).parent / "capsulectl"
+    found = shutil.which("capsulectl")
+    if not beside.exists() or (found is not None and Path(found).samefile(beside)):
+        return "capsulectl"
+    return shlex.quote(str(beside))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     for kind, pid, path in receipts:
         print(f"started:  {kind:<15} pid {pid:<7} receipt {path.relative_to(home)}")
     print()
-    print("See it:   capsulectl sessions")
-    print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `capsulectl watch`)")
+    ctl = capsulectl()
+    print(f"See it:   {ctl} sessions")
+    print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `{ctl} watch`)")
     print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
-    print(f"Stop all: capsulectl terminate {session_id}   (the shell's sleeps too)")
-    print(f"Resume:   capsulectl reconcile {session_id} --as ses_resumed --context {context_id}")
+    print(f"Stop all: {ctl} terminate {session_id}   (the shell's sleeps too)")
+    print(f"Resume:   {ctl} reconcile {session_id} --as ses_resumed --context {context_id}")
     return 0
 
 

@@ -180,13 +180,19 @@ def _age(unix_s: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
-    if seconds < 86400:
-        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
-    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
+    """An age or uptime for people, in whole units cut down as ``ps`` cuts them.
+
+    Every unit is cut, none rounded, so 0.9 s is ``0s`` and 119.7 s is
+    ``1m59s`` (never ``1m60s``), and of two ages the larger never reads less.
+    """
+    whole = int(max(seconds, 0.0))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def _what(process: SessionProcess) -> str:

@@ -68,7 +68,7 @@ def tree(processes: Sequence[P]) -> list[Row]:
 
     A descendant whose parent is no longer listed hangs from its root (depth
     1, with ``lost_parent``); one whose root is no longer listed either comes
-    last, at depth 1.
+    last, at depth 0 with ``lost_parent`` (it hangs from nothing shown).
     """
     listed = {process.pid for process in processes}
     roots = [p for p in processes if p.kind != "descendant"]
@@ -82,11 +82,10 @@ def tree(processes: Sequence[P]) -> list[Row]:
         if parent is not None and parent in listed and parent != process.pid:
             under.setdefault(parent, []).append((process, None))
         else:
-            gone = parent if parent != root else None
             if root is not None and root in listed:
-                under.setdefault(root, []).append((process, gone))
+                under.setdefault(root, []).append((process, parent if parent != root else None))
             else:
-                lost.append((process, gone))
+                lost.append((process, parent))
     order: list[Row] = []
     placed: set[int] = set()
 
@@ -101,7 +100,7 @@ def tree(processes: Sequence[P]) -> list[Row]:
     for top in roots:
         place(top, 0, None)
     for orphan, gone in lost:
-        place(orphan, 1, gone)
+        place(orphan, 0, gone)
     order.extend(Row(1, p) for p in processes if p.pid not in placed)  # unreachable: a cycle
     return order
 
@@ -129,7 +128,7 @@ def shown(row: Row, fallback: str = "") -> str:
     """The command column of ``row``: indented, marked when its parent has exited."""
     if row.lost_parent is None:
         mark = ""
-    elif row.lost_parent <= 1:  # re-parented to init before the daemon first saw it
+    elif row.lost_parent <= 1:  # re-parented before the daemon first saw it
         mark = "[parent exited] "
     else:
         mark = f"[parent {row.lost_parent} exited] "

@@ -250,7 +250,9 @@ class StatusTotals(Struct):
 
     Attributes:
         reconciles: ``session.reconcile`` calls that finished (lost work or not).
-        lost_reports_trusted: of them, reports whose provenance is ``trusted``.
+        lost_reports_trusted: of them, reports whose provenance is ``trusted``
+            (these and the three below count a report once: a retry that gets
+            the same report again does not count it again).
         lost_reports_untrusted: reports whose provenance is ``untrusted``.
         lost_works_trusted: lost works listed by the trusted reports.
         lost_works_untrusted: lost works listed by the untrusted reports.

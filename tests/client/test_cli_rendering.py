@@ -13,7 +13,7 @@ import re
 import msgspec
 import pytest
 
-from capsule_client._render import render_reconcile, render_sessions
+from capsule_client._render import duration, render_reconcile, render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
@@ -256,3 +256,19 @@ def test_an_empty_scanning_snapshot_says_so() -> None:
     assert "unowned:   0 live receipts nobody owns" in table
     assert "discovery: scanning (generation 7" in table
     assert table.endswith("gap:       session discovery is catching up")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0.3, "0s"), (0.99, "0s"), (1.5, "1s"), (59.99, "59s"), (119.7, "1m59s"), (3599.9, "59m59s")],
+)
+def test_ages_are_cut_to_whole_units_never_rounded_up(seconds: float, shown: str) -> None:
+    assert duration(seconds) == shown
+
+
+def test_a_descendant_never_reads_older_than_its_parent() -> None:
+    """Ages are cut alike (docs/design.md §7): a later start never shows a larger age."""
+    starts = [NOW - 0.3, NOW - 0.6, NOW - 61.4, NOW - 61.6]
+    ages = [duration(NOW - round(start)) for start in starts]
+    seconds = [int(age.removesuffix("s").split("m")[-1]) + 60 * ("m" in age) for age in ages]
+    assert seconds == sorted(seconds)

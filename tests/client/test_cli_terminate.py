@@ -203,7 +203,7 @@ def test_descendants_are_placed_under_their_parents_and_roots() -> None:
         process(20, parent=5, root=5),
         process(21, parent=20, root=5),
         process(22, parent=999, root=9),  # its parent exited: under its root
-        process(23, parent=998, root=997),  # its root exited too: last
+        process(23, parent=998, root=997),  # its root exited too: last, under nothing
     ]
     assert [(depth, p.pid) for depth, p in nested(processes)] == [
         (0, 5),
@@ -211,7 +211,7 @@ def test_descendants_are_placed_under_their_parents_and_roots() -> None:
         (2, 21),
         (0, 9),
         (1, 22),
-        (1, 23),
+        (0, 23),
     ]
 
 

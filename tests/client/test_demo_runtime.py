@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sessions_support import proc_state
-from support import DEMO, demo_session, wait_until
+from support import DEMO, DaemonProcess, demo_session, wait_until
 
 from capsuled.reader import ActiveSessionReader
 
@@ -47,3 +47,32 @@ def test_demo_runtime_imports_only_the_client() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_lines_the_demo_prints_run_as_pasted_without_the_venv_on_path(
+    daemon: DaemonProcess,
+) -> None:
+    """Without the venv's commands on PATH the demo names capsulectl by its path."""
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "CAPSULED_SOCKET": str(daemon.socket_path)}
+    printed = subprocess.run(
+        [sys.executable, DEMO, "--home", str(daemon.home), "--sleep-s", "60"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=True,
+    ).stdout
+    lines = dict(line.split(":", 1) for line in printed.splitlines() if line[:1].isupper())
+    pids = lines["Kill all"].split()[1:]
+    try:
+        see_it = lines["See it"].strip()
+        assert see_it == f"{Path(sys.executable).parent / 'capsulectl'} sessions"
+        for line in (see_it, lines["Resume"].strip()):
+            result = subprocess.run(
+                ["bash", "-c", line], capture_output=True, text=True, timeout=30, env=env
+            )
+            assert result.returncode == 0, (line, result.stdout, result.stderr)
+            assert "ses_demo_" in result.stdout
+    finally:
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)

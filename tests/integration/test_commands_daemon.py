@@ -8,9 +8,15 @@ command of its own, which stays ``receipt_command``.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import shlex
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,3 +195,49 @@ def test_the_async_client_asks_for_commands(daemon: DaemonProcess, root: Root) -
 
     found = anyio.run(main)
     assert found[pid].command == SHOWN and found[root.child].command == ["sleep", "302"]
+
+
+def _on_a_terminal(argv: list[str], columns: int) -> str:
+    """``argv``'s output on a pseudo-terminal ``columns`` wide (no ``$COLUMNS``)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    with subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env) as child:
+        os.close(follower)
+        out = bytearray()
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert child.wait(timeout=DEADLINE_S) == 0, out
+    os.close(leader)
+    return out.decode().replace("\r\n", "\n")
+
+
+def test_capsulectl_cuts_rows_to_the_terminal_and_not_through_a_pipe(
+    daemon: DaemonProcess, root: Root
+) -> None:
+    pid = root.process.pid
+    with Client(daemon.socket_path) as client:
+        wait_until(
+            lambda: {pid, root.child} <= listed(client.snapshot()).keys(),
+            timeout_s=DEADLINE_S,
+            message="the root and its child listed",
+        )
+    capsulectl = [sys.executable, "-m", "capsule_client.cli", "--socket", str(daemon.socket_path)]
+    shown = _on_a_terminal([*capsulectl, "sessions"], 60).splitlines()
+    (row,) = [line for line in shown if f" {pid} " in line]
+    assert len(row) == 60 and row.endswith("…"), shown
+    (child,) = [line for line in shown if f" {root.child} " in line]
+    assert child.endswith(" \\_ sleep 302"), shown
+    assert all(len(line) <= 60 for line in shown if line.startswith(("ses_", " ")))
+
+    piped = subprocess.run(
+        [*capsulectl, "sessions"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.splitlines()
+    (row,) = [line for line in piped if f" {pid} " in line]
+    assert row.endswith(shlex.join(SHOWN)), piped  # whole, as ps prints through a pipe

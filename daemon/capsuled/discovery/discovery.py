@@ -104,7 +104,8 @@ class Discovery:
     Args:
         home: the capsule home (docs/design.md §2).
         sample_interval_s: seconds between two sampler observations; also the
-            default ``max_age_ms`` of ``sessions.snapshot``.
+            most age of the answer a ``sessions.snapshot`` without
+            ``max_age_ms`` gets where something can change unannounced.
         totals: the daemon's counters; observations, rescans and reader
             restarts are counted into it.
         changes: the feed the watcher fills; a new one when omitted.

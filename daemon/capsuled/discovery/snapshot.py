@@ -77,7 +77,8 @@ class Answers:
         """Answer ``sessions.snapshot`` (docs/design.md §7).
 
         From the latest observation if it is younger than ``max_age_ms``
-        (default: the sample interval) and nothing is pending; otherwise an
+        (without it: any age while events keep it current, else the sample
+        interval) and nothing is pending; otherwise an
         observation that began no longer than ``max_age_ms`` before the
         request arrived (shared; ``max_age_ms: 0``: one that began after it),
         retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
