@@ -196,12 +196,16 @@ def process_info(process: SessionProcess, observed_at: float, caller: Caller) ->
 
 
 def session_info(session: Session, observed_at: float, caller: Caller) -> SessionInfo:
-    """A wire session with its processes, as the tools return it."""
+    """A wire session with its processes, as the tools return it: what the agent left
+    first (oldest first), then the agent's own processes."""
     return SessionInfo(
         session_id=session.session_id,
         context_id=session.context_id,
         yours=session.session_id == caller.session_id,
-        processes=[process_info(p, observed_at, caller) for p in session.processes],
+        processes=sorted(
+            (process_info(p, observed_at, caller) for p in session.processes),
+            key=lambda p: (p.this_agent, p.started_at, p.pid),
+        ),
     )
 
 

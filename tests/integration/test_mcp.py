@@ -208,6 +208,7 @@ async def test_the_server_and_its_ancestors_are_marked_as_this_agent(
         ]
         own(daemon.home, "ses_agent", [server.pid])
         result, text = await ok(session, "session_processes")
+    assert [p["pid"] for p in result["processes"]] == [dev.pid, server.pid]  # the agent last
     processes = by_pid(result["processes"])
     assert processes[server.pid]["this_agent"] is True
     assert processes[dev.pid]["this_agent"] is False
