@@ -197,8 +197,6 @@ async def test_a_command_line_cannot_forge_a_line_of_the_text(
 async def test_the_server_and_its_ancestors_are_marked_as_this_agent(
     daemon: DaemonProcess, procs: Processes
 ) -> None:
-    dev = procs.sleep()
-    own(daemon.home, "ses_agent", [dev.pid])
     async with connected(daemon.socket_path, session_id="ses_agent") as session:
         # The server is a child of this test, started by the SDK's stdio client.
         (server,) = [
@@ -206,7 +204,9 @@ async def test_the_server_and_its_ancestors_are_marked_as_this_agent(
             for child in psutil.Process().children()
             if "mcp" in child.cmdline() and "capsule_client.cli" in child.cmdline()
         ]
-        own(daemon.home, "ses_agent", [server.pid])
+        # Left by the agent after it started: younger than the server, listed before it.
+        dev = procs.sleep()
+        own(daemon.home, "ses_agent", [server.pid, dev.pid])
         result, text = await ok(session, "session_processes")
     assert [p["pid"] for p in result["processes"]] == [dev.pid, server.pid]  # the agent last
     processes = by_pid(result["processes"])
