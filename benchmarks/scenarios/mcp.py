@@ -1,4 +1,4 @@
-"""Scenario 18: ``capsulectl mcp``, as an agent host sees it (docs/design.md §11).
+"""Scenario 19: ``capsulectl mcp``, as an agent host sees it (docs/design.md §11).
 
 Two measurements, both with the SDK's own client (``mcp.ClientSession`` over
 ``stdio_client``, the way a host starts an MCP server):
@@ -151,7 +151,7 @@ def run(ctx: Context) -> Outcome:
             raw = _raw_snapshots(daemon.socket_path, calls)
     finally:
         pool.close()
-    ctx.log(f"18: mcp first answer p50 {_ms(first, 50)}; list_sessions p50 {_ms(each, 50)}")
+    ctx.log(f"19: mcp first answer p50 {_ms(first, 50)}; list_sessions p50 {_ms(each, 50)}")
     verdicts = [
         report(
             "capsulectl mcp start to its first answered list_sessions",
