@@ -23,7 +23,7 @@ from support import listen_unix
 
 from capsule_client.protocol import NoParams
 from capsuled.jsonrpc import Dispatcher, Method, ReplyParts
-from capsuled.server import Server, fit_to_descriptors
+from capsuled.server import Server
 
 pytestmark = pytest.mark.anyio
 
@@ -258,19 +258,6 @@ async def test_out_of_descriptors_the_waiting_client_is_answered_overloaded(
     assert rest == b""
     assert pong["result"] == {"pong": True}
     assert any(e["event"] == "connection refused: out of file descriptors" for e in logs)
-
-
-def test_the_cap_is_fitted_to_the_open_file_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
-        fitted = fit_to_descriptors(1_000_000)
-        now_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        assert now_soft == hard  # raised to the hard limit
-        assert fitted == hard - 64 if hard != resource.RLIM_INFINITY else fitted == 1_000_000
-        assert fit_to_descriptors(10) == 10
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,6 @@ __all__ = [
     "Server",
     "UnixListener",
     "current_connection",
-    "fit_to_descriptors",
 ]
 
 log = structlog.get_logger("capsuled.server")
@@ -64,6 +63,7 @@ class Server:
         self.on_connect = on_connect
         self.connections: set[Connection] = set()
         self._accepted = 0
+        self._admitted = 0  # connections accepted and not yet closed
         self._accept_scope = anyio.CancelScope()
         self._connection_closed = anyio.Event()
         self._accepting = True
@@ -83,11 +83,10 @@ class Server:
     ) -> None:
         """Accept connections until :meth:`stop_accepting`, then wait for them to end.
 
-        Before accepting, the connection cap is fitted to the open-file limit
-        (see :func:`fit_to_descriptors`), so that the cap answers -32002 before
-        ``accept`` runs out of descriptors.
+        The cap is the connections' share of the open-file limit
+        (:mod:`capsuled.budget`), so the cap answers -32002 before ``accept``
+        runs out of descriptors; a spare descriptor is kept for when it does.
         """
-        self.max_connections = fit_to_descriptors(self.max_connections)
         self._spare_fd = _open_spare()
         self._hang_ups = HangUps()
         try:
@@ -117,8 +116,35 @@ class Server:
                 log.warning("accept failed", error=str(exc), errno=exc.errno)
                 await anyio.sleep(0.1)
                 continue
+            if self._admitted >= self.max_connections:
+                await self._refuse_over_cap(stream)
+                continue
+            self._admitted += 1
             self._accepted += 1
             tg.start_soon(self._serve_connection, stream, self._accepted)
+
+    async def _refuse_over_cap(self, stream: UNIXSocketStream) -> None:
+        """One connection past the cap: one -32002 line, then closed, before the next accept.
+
+        Refused here, not in a task of its own, so that a burst of clients
+        past the cap holds one descriptor at a time, never the budget of
+        others (docs/design.md §8). What the peer sent already is read and
+        discarded first: a Unix socket closed with unread data resets its
+        peer instead of letting it read the line.
+        """
+        log.warning("connection refused: too many", limit=self.max_connections)
+        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        line = encode_error(
+            ErrorCode.OVERLOADED, f"overloaded: more than {self.max_connections} connections"
+        )
+        try:
+            raw.send(line + b"\n")  # a short line: the socket buffer takes it whole
+            raw.shutdown(socket.SHUT_WR)
+            while raw.recv(65536):
+                pass
+        except OSError:  # nothing more to read (EAGAIN), or the peer left
+            pass
+        await stream.aclose()
 
     def _refuse_one(self, listener: UnixListener) -> bool:
         """Out of descriptors: accept one waiting connection, answer -32002, close it.
@@ -192,6 +218,7 @@ class Server:
         except Exception:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
+            self._admitted -= 1
             self.connections.discard(connection)
             connection.closed.set()
             # Wake every waiter, then arm a fresh event for the next close.
@@ -200,15 +227,6 @@ class Server:
 
     async def _converse(self, connection: Connection) -> None:
         stream = connection.stream
-        if len(self.connections) > self.max_connections:
-            log.warning("connection refused: too many", limit=self.max_connections)
-            await connection.send_line(
-                encode_error(
-                    ErrorCode.OVERLOADED,
-                    f"overloaded: more than {self.max_connections} connections",
-                )
-            )
-            return
         if self.on_connect is not None:
             raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
             refusal = self.on_connect(raw) if raw is not None else None
@@ -254,52 +272,6 @@ class Server:
                 exc_info=True,
             )
             return (encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}"),)
-
-
-#: Descriptors kept free for everything that is not a connection: the store,
-#: receipts being read, the watcher, the log, the listener (at most a quarter
-#: of a small limit).
-DESCRIPTOR_RESERVE = 64
-
-
-def fit_to_descriptors(max_connections: int) -> int:
-    """The connection cap that the open-file limit can honour.
-
-    Raises the soft ``RLIMIT_NOFILE`` to the hard limit (the daemon never uses
-    ``select``, so a large limit costs nothing), then caps connections at the
-    soft limit less a reserve. A smaller cap than asked is logged.
-
-    Args:
-        max_connections: the cap asked for (``--max-connections``).
-
-    Returns:
-        The cap to use, at least 1.
-    """
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return max_connections
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, max_connections * 2)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (OSError, ValueError) as exc:  # macOS refuses more than OPEN_MAX
-            log.info("could not raise the open-file limit", error=str(exc))
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return max_connections
-    reserve = min(DESCRIPTOR_RESERVE, soft // 4)
-    fitted = max(1, min(max_connections, soft - reserve))
-    if fitted < max_connections:
-        log.warning(
-            "connection cap lowered to fit the open-file limit",
-            max_connections=max_connections,
-            fitted=fitted,
-            nofile_soft=soft,
-            nofile_hard=hard,
-        )
-    return fitted
 
 
 def _open_spare() -> int | None:

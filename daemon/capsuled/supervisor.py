@@ -31,7 +31,7 @@ from anyio.abc import TaskStatus
 from capsule_client.paths import records_root
 from capsule_client.protocol import NoParams, StatusTotals
 
-from . import notify, sockets
+from . import budget, notify, sockets
 from .changes import ChangeFeed
 from .config import Config
 from .discovery import Discovery
@@ -89,6 +89,8 @@ class Daemon:
         # The watch feeds discovery's reader; it starts before discovery's
         # first observation, a walk: one walk to ready, and nothing written
         # meanwhile is missed.
+        # docs/design.md §8: the open-file limit raised and shared out first.
+        self.budget = budget.share(config.max_pidfds, config.max_connections)
         feed = ChangeFeed()
         self.watcher = HomeWatcher(
             config.home,
@@ -104,7 +106,8 @@ class Daemon:
             totals=self.totals,
             changes=feed,
             watcher_mode=lambda: watcher.mode,  # it may fall back to polling
-            max_pidfds=config.max_pidfds,
+            max_pidfds=self.budget.exit_pidfds,
+            descendant_pidfds=self.budget.descendant_pidfds,
             sync=watcher.sync,
             verify_interval_s=config.verify_interval_s,
             on_missed=watcher.recheck,
@@ -117,7 +120,7 @@ class Daemon:
         )
         self.server = Server(
             self.dispatcher,
-            max_connections=config.max_connections,
+            max_connections=self.budget.connections,
             write_timeout_s=config.write_timeout_s,
             on_connect=refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )

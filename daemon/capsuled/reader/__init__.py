@@ -22,6 +22,7 @@ from capsuled.reader.errors import (
 )
 from capsuled.reader.generations import Generations, run_base, same_answer
 from capsuled.reader.home import GAP_HOME_REPLACED
+from capsuled.reader.lineage import Lineage
 from capsuled.reader.observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
 from capsuled.reader.projection import PROCESS_TOLERANCE_S
 from capsuled.reader.walk import Verified
@@ -37,6 +38,7 @@ __all__ = [
     "RACY_WINDOW_NS",
     "ActiveSessionReader",
     "Generations",
+    "Lineage",
     "Observation",
     "ObservationCancelled",
     "Verified",

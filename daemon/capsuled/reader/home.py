@@ -15,7 +15,7 @@ from typing import Final
 
 from capsuled.home import home_refusal
 from capsuled.layout import Parts
-from capsuled.reader.errors import Unavailable, describe
+from capsuled.reader.errors import Unavailable, describe, raise_if_short
 
 __all__ = ["GAP_HOME_REPLACED", "Home", "HomeReplaced"]
 
@@ -73,6 +73,7 @@ class Home:
         try:
             identity = self._stat()
         except OSError as exc:
+            raise_if_short(exc)
             raise Unavailable(f"home {self.text} cannot be inspected: {describe(exc)}") from exc
         if self.identity is not None and identity != self.identity:
             raise HomeReplaced

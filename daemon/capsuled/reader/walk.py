@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from capsuled.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
 from capsuled.listings import RACY_MARGIN_NS, Listings
-from capsuled.reader.errors import describe
+from capsuled.reader.errors import describe, raise_if_short
 from capsuled.reader.receipts import ReceiptReader
 
 __all__ = ["Verified", "Walk"]
@@ -246,6 +246,7 @@ class Walk:
                 self.receipts.set_error(path, "is a symbolic link; not followed")
             return
         except OSError as exc:
+            raise_if_short(exc)  # the daemon's trouble, not the directory's
             self.receipts.set_error(path, f"cannot list directory: {describe(exc)}")
             return
         self.receipts.cost.directories += 1
@@ -259,6 +260,7 @@ class Walk:
                         names[entry.name] = entry.inode()
                     self._visit(entry, child)
             except OSError as exc:
+                raise_if_short(exc)
                 self.receipts.set_error(path, f"cannot list directory: {describe(exc)}")
                 return
         self.listings.record(path, st, names)
