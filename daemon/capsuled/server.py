@@ -12,10 +12,11 @@ connection, so a stuck reader cannot hold a request slot forever.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import socket
 from collections.abc import Callable
+from typing import Final
 
 import anyio
 import structlog
@@ -25,6 +26,7 @@ from capsule_client.protocol import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
 
 from .connection import Connection, HangUps, current_connection
 from .jsonrpc import Dispatcher, ReplyParts, encode_error
+from .shortage import is_shortage
 
 __all__ = [
     "Connection",
@@ -34,6 +36,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("capsuled.server")
+
+#: Seconds between two tries of an ``accept`` that failed.
+_ACCEPT_RETRY_S: Final = 0.1
 
 
 class Server:
@@ -106,16 +111,25 @@ class Server:
                 self._spare_fd = None
 
     async def _accept_loop(self, listener: UnixListener, tg: TaskGroup) -> None:
+        failing = False  # logged once per run of failures, not at every retry
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._refuse_one(listener):
+                if is_shortage(exc) and self._refuse_one(listener):
                     continue
                 # Anything else, or no spare descriptor: back off instead of spinning.
-                log.warning("accept failed", error=str(exc), errno=exc.errno)
-                await anyio.sleep(0.1)
+                if not failing:
+                    log.warning("accept failed; retrying", error=str(exc), errno=exc.errno)
+                failing = True
+                await anyio.sleep(_ACCEPT_RETRY_S)
+                if is_shortage(exc):  # accept(2) fails so even with nobody waiting
+                    with contextlib.suppress(anyio.ClosedResourceError):  # replaced
+                        await anyio.wait_readable(listener.socket)
                 continue
+            if failing:
+                log.info("accepting again")
+                failing = False
             if self._admitted >= self.max_connections:
                 await self._refuse_over_cap(stream)
                 continue

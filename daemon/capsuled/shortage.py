@@ -56,23 +56,25 @@ def nofile_limits() -> tuple[int, int] | None:
     return int(soft), int(hard)
 
 
-def shortage_gap(code: int | None) -> str:
+def shortage_gap(code: int | None, *, retrying: bool = True) -> str:
     """The gap of an observation that failed for a shortage of errno ``code``.
 
     Names the limit and how to raise it; ``EMFILE`` (or an unknown code)
-    is the process's open-file limit.
+    is the process's open-file limit. ``retrying`` adds that the daemon
+    tries again by itself.
     """
+    again = "; the daemon retries by itself" if retrying else ""
     if code == errno.ENFILE:
         return (
             "the system's file table is full (Too many open files in system);"
-            " raise fs.file-max; the daemon retries by itself"
+            f" raise fs.file-max{again}"
         )
     if code in (errno.ENOMEM, errno.ENOBUFS):
-        return f"the daemon is short of memory ({os.strerror(code)}); it retries by itself"
+        return f"the daemon is short of memory ({os.strerror(code)}){again}"
     limits = nofile_limits()
     limit = "" if limits is None else f" at its limit of {limits[0]}"
     return (
         f"the daemon is out of file descriptors (Too many open files{limit});"
         " raise its open-file limit (LimitNOFILE= in the unit, ulimit -n),"
-        " or lower --max-connections or --max-pidfds; the daemon retries by itself"
+        f" or lower --max-connections or --max-pidfds{again}"
     )

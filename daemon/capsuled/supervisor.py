@@ -26,6 +26,7 @@ import time
 
 import anyio
 import structlog
+from anyio import open_signal_receiver  # imported now: a lazy import needs a descriptor
 from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
@@ -52,6 +53,7 @@ from .lifecycle import Lifecycle
 from .metrics import DaemonCollector, RequestMetrics, TextfileWriter, count_reconcile
 from .peers import refuse_peer
 from .server import Server, UnixListener
+from .shortage import is_shortage, shortage_gap
 from .startup_errors import ServiceError
 from .subscriptions import SubscriptionHub
 from .watcher import HomeWatcher
@@ -200,6 +202,10 @@ class Daemon:
             listening = sockets.open_listener(self.config.socket)  # lock, then socket
         except ServiceError as exc:
             raise StartupError(str(exc)) from exc
+        except OSError as exc:
+            if not is_shortage(exc):
+                raise
+            raise StartupError(shortage_gap(exc.errno, retrying=False)) from exc
         if listening.path != self.config.socket:
             self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
@@ -279,7 +285,7 @@ class Daemon:
             self.server.close_all()
 
     async def _read_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("SIGHUP: scheduling a rescan")

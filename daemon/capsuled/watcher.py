@@ -29,6 +29,7 @@ from .changes import ChangeFeed
 from .inotify_watch import InotifyWatch, WatchLost
 from .layout import reader_cares
 from .polling import HomeMissing, Look, Poller
+from .shortage import descriptors_short, is_shortage, shortage_gap
 
 __all__ = ["WATCH_MODES", "Backend", "HomeWatcher", "reader_cares"]
 
@@ -336,7 +337,10 @@ class HomeWatcher:
         log.warning(
             "native watch cannot start; falling back to polling",
             home=str(self.home),
-            cause=str(exc),
+            # tempfile says ENOENT when every open failed for EMFILE: probe.
+            cause=shortage_gap(exc.errno, retrying=False)
+            if is_shortage(exc) or descriptors_short()
+            else str(exc),
             poll_interval_s=self._poll_interval_s,
         )
         self._feed.request_rescan()
