@@ -15,6 +15,7 @@ import structlog
 
 from . import heap, logs
 from .config import Config, ConfigError, parse_args
+from .shortage import is_shortage, shortage_gap
 from .supervisor import Daemon, StartupError
 
 __all__ = ["main"]
@@ -37,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return anyio.run(_serve, config)
     except StartupError as exc:
         log.error("cannot start", error=str(exc))
+        return 1
+    except OSError as exc:  # before the services run: too short of descriptors to build them
+        if not is_shortage(exc):
+            raise
+        log.error("cannot start", error=shortage_gap(exc.errno, retrying=False))
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130
