@@ -43,6 +43,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check daemon client tests benchmarks
 	$(BIN)/ruff format --check daemon client tests benchmarks
 	$(BIN)/mypy --strict daemon client benchmarks
+	$(BIN)/lint-imports
 
 # The benchmarks (outside the test suite): full sizes rewrite docs/benchmarks.md.
 bench: $(VENV)/.installed-run

@@ -36,9 +36,9 @@ TESTS = [
     "tests/integration/test_bad_input.py",
     "tests/integration/test_bad_receipts.py",
     "tests/integration/test_params_catalogue.py",
-    "tests/test_dispatch_hostile_input.py",
-    "tests/test_reconcile_scan.py",
-    "tests/test_receipts.py",
+    "tests/rpc/test_dispatch_hostile_input.py",
+    "tests/reconcile/test_reconcile_scan.py",
+    "tests/client/test_receipts.py",
 ]
 
 INTRO = """\

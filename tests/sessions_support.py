@@ -18,9 +18,9 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot
 from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
 from capsule_client.store import OwnershipStore
-from capsuled.changes import ChangeFeed
 from capsuled.reader import ActiveSessionReader
-from capsuled.store import Ownership, OwnershipReader
+from capsuled.reader.store import Ownership, OwnershipReader
+from capsuled.watch.changes import ChangeFeed
 
 DEADLINE_S = 5.0
 

@@ -149,7 +149,7 @@ def bind_notify_socket(kind: str, directory: Path) -> tuple[socket.socket, str]:
 
 def listen_unix(path: Path) -> Any:
     """A listening socket for a server run in-process (the daemon's own binding takes a lock)."""
-    from capsuled.server import UnixListener
+    from capsuled.rpc.server import UnixListener
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))

@@ -170,7 +170,7 @@ def _spread(samples: list[float]) -> list[str]:
 
 def run(ctx: Context) -> Outcome:
     """Fork latency trials, then one idle window of the two daemons."""
-    require_modules("capsuled.descendants", "capsule_client.receipts")
+    require_modules("capsuled.processes.descendants", "capsule_client.receipts")
     found, gone = _fork_latency(ctx)
     ctx.log(f"15: fork -> listed p50 {_ms(found, 50)}, p99 {_ms(found, 99)}")
     figures, window_s, observations = _idle(ctx)

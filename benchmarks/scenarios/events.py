@@ -146,7 +146,7 @@ def _trial(
 
 def run(ctx: Context) -> Outcome:
     """Time written -> visible and killed -> gone with plain requests; the floors beside."""
-    require_modules("capsuled.inotify_watch", "capsuled.exits", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsuled.processes.exits", "capsule_client.receipts")
     from capsule_client.paths import store_path
     from capsule_client.store import OwnershipStore
 

@@ -159,7 +159,7 @@ def _cell(tally: _Tally) -> str:
 
 def run(ctx: Context) -> Outcome:
     """Alternate write-then-ask trials between the daemon and the baseline."""
-    require_modules("capsuled.inotify_watch", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsule_client.receipts")
     from capsule_client.receipts import exec_receipt_path
 
     stale = ctx.size(quick=1000, full=10_000)

@@ -108,7 +108,9 @@ class _Subscriber:
 
 def run(ctx: Context) -> Outcome:
     """Time receipt -> notification and exit -> notification for one subscriber."""
-    require_modules("capsuled.subscriptions", "capsuled.exits", "capsule_client.receipts")
+    require_modules(
+        "capsuled.discovery.subscriptions", "capsuled.processes.exits", "capsule_client.receipts"
+    )
     from capsule_client.paths import store_path
     from capsule_client.receipts import write_exec_receipt
     from capsule_client.store import OwnershipStore

@@ -1,6 +1,6 @@
 """Scenario 14: the cost of producing the ``metrics`` text at 10k receipts and 1k connections.
 
-The daemon's own collector (:class:`capsuled.metrics.DaemonCollector`) and
+The daemon's own collector (:class:`capsuled.metrics.collector.DaemonCollector`) and
 exposition run in this process over what the daemon would hold: a ``status``
 result with 1,000 connections and an answer listing 10,000 live receipts
 (9,000 in 1,000 sessions, 1,000 unowned), with requests of every method
@@ -25,7 +25,7 @@ from capsule_client.protocol import (
     StatusTotals,
     WatchStatus,
 )
-from capsuled.metrics import DaemonCollector, RequestMetrics, exposition
+from capsuled.metrics.collector import DaemonCollector, RequestMetrics, exposition
 
 __all__ = ["run"]
 

@@ -11,7 +11,7 @@ Right after each reconcile, two in-process measurements show where its time
 goes (neither is judged): the bytes reconcile appended to the copy are
 appended again to a flushed scratch file in the same directory and timed
 through ``os.write`` + ``os.fsync`` (the disk flush), and
-``capsuled.trace_scan.scan_trace`` scans the copy (the scan alone: no lock,
+``capsuled.reconcile.trace_scan.scan_trace`` scans the copy (the scan alone: no lock,
 no markers, no socket, no worker thread).
 """
 
@@ -103,7 +103,7 @@ def _append_fsync(trace: Path, appended_from: int) -> tuple[float, int]:
 
 def _scan(trace: Path, this_session: str) -> float:
     """Seconds for ``scan_trace`` of ``trace`` in this process (page cache warm)."""
-    from capsuled.trace_scan import scan_trace
+    from capsuled.reconcile.trace_scan import scan_trace
 
     size = trace.stat().st_size
     started = time.perf_counter()
@@ -120,7 +120,7 @@ def _median(values: list[float]) -> float:
 
 def run(ctx: Context) -> Outcome:
     """Time reconcile and grep on the same copies; judge the ratio."""
-    require_modules("capsuled.reconcile", "capsule_client.trace")
+    require_modules("capsuled.reconcile.prior_session", "capsule_client.trace")
     size_bytes = ctx.size(quick=4_000_000, full=100_000_000)
     trials = ctx.size(quick=1, full=3)
     scratch = ctx.scratch("reconcile")
@@ -203,7 +203,8 @@ def run(ctx: Context) -> Outcome:
         "reconcile must not count those, and the report is checked against the generator.",
         "Where reconcile's time goes, measured in the benchmark's process right after each "
         "reconcile (the verdict does not use them): `scan_trace in process` is "
-        "`capsuled.trace_scan.scan_trace` of the same copy (markers included, page cache warm; "
+        "`capsuled.reconcile.trace_scan.scan_trace` of the same copy "
+        "(markers included, page cache warm; "
         "no lock, no markers written, no socket, no worker thread); `append + fsync` is one "
         "`os.write` of the bytes reconcile appended to the copy (its growth) to a new, "
         "already flushed file in the same directory, then `os.fsync`. The rest is the "

@@ -100,7 +100,7 @@ def _ms(samples: list[float], p: float) -> str:
 
 def run(ctx: Context) -> Outcome:
     """Rounds of terminate (each with its floor), one daemon for all of them."""
-    require_modules("capsuled.terminate", "capsule_client.store")
+    require_modules("capsuled.processes.terminate", "capsule_client.store")
     rounds = ctx.size(quick=2, full=20)
     home = ctx.scratch("terminate") / "home"
     home.mkdir(mode=0o700)

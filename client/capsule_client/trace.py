@@ -31,7 +31,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import uuid_utils
@@ -376,15 +376,17 @@ class TraceWriter:
         self.session_id = session_id
         self.fsync = fsync
 
-    def _append(self, event: TraceEvent) -> str:
+    def _append(self, kind: type[TraceEvent], **fields: Any) -> str:
+        """Append one ``kind`` event of ``fields``, with its id, the session and the time."""
+        event = kind(
+            event_id=new_event_id(), session_id=self.session_id, timestamp=now_ms(), **fields
+        )
         append_event(self.records_root, event, fsync=self.fsync)
         return event.event_id
 
     def session_start(self) -> str:
         """Append ``session_start``; its id becomes the parent of reconcile's markers."""
-        return self._append(
-            SessionStart(event_id=new_event_id(), session_id=self.session_id, timestamp=now_ms())
-        )
+        return self._append(SessionStart)
 
     def task_start(
         self,
@@ -398,17 +400,13 @@ class TraceWriter:
     ) -> str:
         """Append ``task_start`` with the task's trust (``trusted`` / ``untrusted``)."""
         return self._append(
-            TaskStart(
-                event_id=new_event_id(),
-                session_id=self.session_id,
-                timestamp=now_ms(),
-                task_id=task_id,
-                trust=trust,
-                context_id=context_id,
-                source=source,
-                origin=origin,
-                lane=lane,
-            )
+            TaskStart,
+            task_id=task_id,
+            trust=trust,
+            context_id=context_id,
+            source=source,
+            origin=origin,
+            lane=lane,
         )
 
     def shell_detached(
@@ -423,17 +421,13 @@ class TraceWriter:
     ) -> str:
         """Append ``shell_detached``: ``work_id`` is now running in the background."""
         return self._append(
-            ShellDetached(
-                event_id=new_event_id(),
-                session_id=self.session_id,
-                timestamp=now_ms(),
-                task_id=task_id,
-                work_id=work_id,
-                binary=binary,
-                command=command,
-                turn=turn,
-                grace_ms=grace_ms,
-            )
+            ShellDetached,
+            task_id=task_id,
+            work_id=work_id,
+            binary=binary,
+            command=command,
+            turn=turn,
+            grace_ms=grace_ms,
         )
 
     def shell_completed(
@@ -451,20 +445,16 @@ class TraceWriter:
     ) -> str:
         """Append ``shell_completed``: ``work_id`` finished and is accounted for."""
         return self._append(
-            ShellCompleted(
-                event_id=new_event_id(),
-                session_id=self.session_id,
-                timestamp=now_ms(),
-                work_id=work_id,
-                binary=binary,
-                command=command,
-                exit_code=exit_code,
-                duration_ms=duration_ms,
-                output_path=output_path,
-                output_bytes=output_bytes,
-                status=status,
-                completion_task_id=completion_task_id,
-            )
+            ShellCompleted,
+            work_id=work_id,
+            binary=binary,
+            command=command,
+            exit_code=exit_code,
+            duration_ms=duration_ms,
+            output_path=output_path,
+            output_bytes=output_bytes,
+            status=status,
+            completion_task_id=completion_task_id,
         )
 
     def shell_abandoned(
@@ -477,13 +467,9 @@ class TraceWriter:
     ) -> str:
         """Append ``shell_abandoned``: ``work_id`` was given up on and is accounted for."""
         return self._append(
-            ShellAbandoned(
-                event_id=new_event_id(),
-                session_id=self.session_id,
-                timestamp=now_ms(),
-                work_id=work_id,
-                binary=binary,
-                command=command,
-                running_ms=running_ms,
-            )
+            ShellAbandoned,
+            work_id=work_id,
+            binary=binary,
+            command=command,
+            running_ms=running_ms,
         )

@@ -31,8 +31,8 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionsChanged
 from capsule_client.receipts import write_exec_receipt
 from capsule_client.store import OwnershipStore
-from capsuled.exits import pidfds_supported
-from capsuled.subscriptions import MAX_PER_CONNECTION, MAX_UNDELIVERED
+from capsuled.discovery.subscriptions import MAX_PER_CONNECTION, MAX_UNDELIVERED
+from capsuled.processes.exits import pidfds_supported
 
 QUIET_SAMPLING = ["--sample-interval", "60"]
 DEADLINE_S = 5.0

@@ -132,7 +132,7 @@ PICK = st.integers(min_value=0, max_value=11)
 #: answer stays right; the count and its warning are wrong). It depends on
 #: timing: slowing verification down made it vanish. The other cause, a
 #: directory listed again from its parent's stale listing, is fixed and has
-#: its own test (tests/test_reader_verify.py). Turn it on once this one is
+#: its own test (tests/reader/test_reader_verify.py). Turn it on once this one is
 #: found and fixed.
 CHECK_MISSED = False
 

@@ -42,7 +42,7 @@ WORKS = ["wrk_a", "wrk_b", "wrk_c", "wrk_d"]
 DIRECT = r"""
 import json, sys
 import msgspec
-from capsuled.reconcile import reconcile
+from capsuled.reconcile.prior_session import reconcile
 print("ready", flush=True)
 sys.stdin.readline()
 report = reconcile(sys.argv[1], "ses_prior", sys.argv[2], "ctx_1")

@@ -1,8 +1,8 @@
 """A running daemon keeps its socket and lock files (docs/service.md, "One daemon per socket").
 
 A clean-up of ``/tmp`` or ``$XDG_RUNTIME_DIR`` can remove them while the
-daemon runs. It checks every ``SOCKET_CHECK_INTERVAL_S`` (2 s, :mod:`capsuled.sockets`): a removed
-socket is bound again, a removed lock is taken again, a lock another daemon
+daemon runs. It checks every ``SOCKET_CHECK_INTERVAL_S`` (2 s, :mod:`capsuled.rpc.sockets`):
+a removed socket is bound again, a removed lock is taken again, a lock another daemon
 took in between makes this one stop, and anything else put at the socket's
 path is left alone.
 """
@@ -19,7 +19,8 @@ import pytest
 from support import DaemonProcess, answers_ping, wait_until
 
 from capsule_client import Client, paths
-from capsuled import lockfile, sockets, startup_errors
+from capsuled import startup_errors
+from capsuled.rpc import lockfile, sockets
 
 #: Two check intervals and then some: the deadline for the daemon to notice.
 NOTICE_S = 10.0

@@ -25,7 +25,7 @@ from capsule_client import Client, DiscoveryUnavailable
 from capsule_client.paths import store_path
 from capsule_client.protocol import SnapshotParams
 from capsule_client.store import OwnershipStore
-from capsuled.discovery import Discovery
+from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable as Unavailable
 
 #: The store's busy timeout: the least time an observation waits for the lock.

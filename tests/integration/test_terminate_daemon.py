@@ -31,8 +31,8 @@ from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, TerminateReport
 from capsule_client.receipts import EXEC_RECEIPT_TOLERANCE_S, write_exec_receipt
 from capsule_client.store import OwnershipStore
-from capsuled.exits import pidfds_supported
-from capsuled.terminate import START_TOLERANCE_S
+from capsuled.processes.exits import pidfds_supported
+from capsuled.processes.terminate import START_TOLERANCE_S
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 

@@ -20,14 +20,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from capsule_client.protocol import METHOD_PARAMS
-
-from ..jsonrpc import Method
+from capsuled.rpc.jsonrpc import Method
 
 __all__ = ["method_table"]
 
 
 def method_table(handlers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Method]:
-    """Method name → :class:`~capsuled.jsonrpc.Method`, each with its params type.
+    """Method name → :class:`~capsuled.rpc.jsonrpc.Method`, each with its params type.
 
     Raises:
         KeyError: a name that ``capsule_client.protocol.METHOD_PARAMS`` does not list.

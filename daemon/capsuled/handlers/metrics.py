@@ -7,8 +7,7 @@ from collections.abc import Callable
 from prometheus_client.registry import Collector
 
 from capsule_client.protocol import MetricsResult, NoParams
-
-from ..metrics import exposition
+from capsuled.metrics.collector import exposition
 
 __all__ = ["metrics_handler"]
 

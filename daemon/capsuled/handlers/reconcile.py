@@ -12,9 +12,8 @@ import anyio
 import structlog
 
 from capsule_client.protocol import LostReport, ReconcileParams
-
-from ..errors import InternalError
-from ..reconcile import reconcile
+from capsuled.errors import InternalError
+from capsuled.reconcile.prior_session import reconcile
 
 __all__ = ["RECONCILE_THREADS", "Reconciles"]
 
@@ -55,7 +54,7 @@ class Reconciles:
         """Mark and report what ``params.from_session`` left.
 
         The scan and the append run in a worker thread
-        (:func:`capsuled.reconcile.reconcile` raises the RPC errors: -32602,
+        (:func:`capsuled.reconcile.prior_session.reconcile` raises the RPC errors: -32602,
         -32003, -32004, -32603). Once started, a reconcile is not abandoned
         on cancellation: its markers and its report belong together.
 

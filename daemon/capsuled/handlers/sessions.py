@@ -15,12 +15,11 @@ from capsule_client.protocol import (
     UnsubscribeParams,
     UnsubscribeResult,
 )
-
-from ..discovery import Discovery
-from ..errors import InternalError
-from ..jsonrpc import Encoded
-from ..server import Connection, current_connection
-from ..subscriptions import SubscriptionHub
+from capsuled.discovery.discovery import Discovery
+from capsuled.discovery.subscriptions import SubscriptionHub
+from capsuled.errors import InternalError
+from capsuled.rpc.jsonrpc import Encoded
+from capsuled.rpc.server import Connection, current_connection
 
 __all__ = ["rescan_handler", "snapshot_handler", "subscribe_handler", "unsubscribe_handler"]
 

@@ -22,8 +22,7 @@ from capsule_client.protocol import (
     WatcherMode,
     WatchStatus,
 )
-
-from .. import __version__
+from capsuled import __version__
 
 __all__ = [
     "DiscoveryFigures",
@@ -41,7 +40,7 @@ def ping(params: NoParams) -> PingResult:
 
 
 class ExitFigures(Protocol):
-    """What ``status`` shows of the exit watch (:class:`capsuled.exits.ExitWatch`)."""
+    """What ``status`` shows of the exit watch (:class:`capsuled.processes.exits.ExitWatch`)."""
 
     @property
     def mode(self) -> ExitWatchMode: ...
@@ -52,7 +51,7 @@ class ExitFigures(Protocol):
 
 
 class DiscoveryFigures(Protocol):
-    """What ``status`` shows of session discovery (:class:`capsuled.discovery.Discovery`)."""
+    """What ``status`` shows of session discovery (``Discovery``, :mod:`capsuled.discovery`)."""
 
     @property
     def latest(self) -> ActiveSessionsSnapshot | None: ...
@@ -67,7 +66,7 @@ class DiscoveryFigures(Protocol):
 
 
 class WatcherFigures(Protocol):
-    """What ``status`` shows of the watch (:class:`capsuled.watcher.HomeWatcher`)."""
+    """What ``status`` shows of the watch (:class:`capsuled.watch.watcher.HomeWatcher`)."""
 
     @property
     def mode(self) -> WatcherMode: ...

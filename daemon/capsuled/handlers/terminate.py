@@ -1,7 +1,7 @@
 """``session.terminate``: end every live process of a session (docs/design.md §7).
 
 The handler asks discovery for the session's processes in a fresh
-observation, hands them to :func:`capsuled.terminate.terminate` (pidfds, the
+observation, hands them to :func:`capsuled.processes.terminate.terminate` (pidfds, the
 grace, then ``SIGKILL``), lets it ask again during the grace for processes
 that appeared since, and counts the outcomes.
 """
@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
-
-from ..discovery import Discovery
-from ..errors import DiscoveryUnavailable, NoSuchSession, RpcError
-from ..metrics import count_terminated
-from ..terminate import Target, terminate
+from capsuled.discovery.discovery import Discovery
+from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError
+from capsuled.metrics.collector import count_terminated
+from capsuled.processes.terminate import Target, terminate
 
 __all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
 

@@ -13,19 +13,14 @@ list), :mod:`~capsuled.reader.generations` (numbering answers) and
 
 from __future__ import annotations
 
-from capsuled.reader.candidates import RACY_WINDOW_NS
-from capsuled.reader.errors import (
-    GAP_TOO_MANY_ERRORS,
-    MAX_ERROR_BYTES,
-    MAX_ERRORS,
-    ObservationCancelled,
-)
-from capsuled.reader.generations import Generations, run_base, same_answer
-from capsuled.reader.home import GAP_HOME_REPLACED
-from capsuled.reader.lineage import Lineage
-from capsuled.reader.observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
-from capsuled.reader.projection import PROCESS_TOLERANCE_S
-from capsuled.reader.walk import Verified
+from .candidates import RACY_WINDOW_NS
+from .errors import GAP_TOO_MANY_ERRORS, MAX_ERROR_BYTES, MAX_ERRORS, ObservationCancelled
+from .generations import Generations, run_base, same_answer
+from .home import GAP_HOME_REPLACED
+from .lineage import Lineage
+from .observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
+from .projection import PROCESS_TOLERANCE_S
+from .walk import Verified
 
 __all__ = [
     "GAP_CATCHING_UP",

@@ -26,8 +26,8 @@ from capsule_client.receipts import (
     ProviderClientReceipt,
     is_valid_input_id,
 )
-from capsuled.layout import Kind
-from capsuled.processes import ProcessSample, matches_start
+from capsuled.home.layout import Kind
+from capsuled.processes.sample import ProcessSample, matches_start
 
 __all__ = [
     "RACY_WINDOW_NS",

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from capsuled.layout import Kind
+from capsuled.home.layout import Kind
 from capsuled.shortage import is_shortage, shortage_gap
 
 if TYPE_CHECKING:
-    from capsuled.reader.candidates import Signature
+    from .candidates import Signature
 
 __all__ = [
     "GAP_TOO_MANY_ERRORS",

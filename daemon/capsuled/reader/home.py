@@ -13,9 +13,10 @@ import os
 from pathlib import Path
 from typing import Final
 
-from capsuled.home import home_refusal
-from capsuled.layout import Parts
-from capsuled.reader.errors import Unavailable, describe, raise_if_short
+from capsuled.home.layout import Parts
+from capsuled.home.strictness import home_refusal
+
+from .errors import Unavailable, describe, raise_if_short
 
 __all__ = ["GAP_HOME_REPLACED", "Home", "HomeReplaced"]
 
@@ -90,7 +91,7 @@ class Home:
 
         Raises:
             Unavailable: the home is refused (docs/design.md §3 strictness); the gap is
-                :func:`~capsuled.home.home_refusal`'s text, the same as at start.
+                :func:`~capsuled.home.strictness.home_refusal`'s text, the same as at start.
             OSError: the home cannot be inspected.
         """
         try:

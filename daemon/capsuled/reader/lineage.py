@@ -1,9 +1,9 @@
 """Lineage: the descendants of a home's sessions, at and between observations (docs/design.md §5).
 
-:class:`Lineage` holds the home's :class:`~capsuled.descendants.DescendantTracker`.
+:class:`Lineage` holds the home's :class:`~capsuled.processes.descendants.DescendantTracker`.
 An observation gives it the roots (the owned live receipts' processes and
 the store's (pid, start) rows that matched the sample) and the sample's full
-process table (:func:`~capsuled.processes.sample_with_table`: the same
+process table (:func:`~capsuled.processes.sample.sample_with_table`: the same
 ``/proc`` pass, no second read of every stat); the projection lists what it
 returns. Between observations the daemon calls :meth:`Lineage.look` on a
 timer while :attr:`Lineage.active`: a look without a table (the tracker's
@@ -25,11 +25,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from capsuled.descendants import Descendant, DescendantTracker
-from capsuled.processes import ProcessSample, matches_start
-from capsuled.proctable import ProcessTable
-from capsuled.reader.candidates import Candidates
-from capsuled.reader.ownership import Owners
+from capsuled.processes.descendants import Descendant, DescendantTracker
+from capsuled.processes.sample import ProcessSample, matches_start
+from capsuled.processes.table import ProcessTable
+
+from .candidates import Candidates
+from .ownership import Owners
 
 __all__ = ["Lineage", "roots_of"]
 

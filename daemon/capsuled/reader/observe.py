@@ -3,7 +3,7 @@
 :class:`ActiveSessionReader` keeps, per home, the receipts that parsed and
 were live at their last read (*candidates*), the paths that could not be read
 or parsed (*errors*), the changed paths the watcher reported (*pending*, via a
-:class:`~capsuled.changes.ChangeFeed`) and whether a full *rescan* is owed.
+:class:`~capsuled.watch.changes.ChangeFeed`) and whether a full *rescan* is owed.
 An *observation* brings that cache up to date against one fresh process
 sample, asks the ownership store who owns the live receipts and processes,
 finds the descendants of the sessions' processes
@@ -56,21 +56,22 @@ from typing import Final
 
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
-from capsuled.changes import ChangeFeed
-from capsuled.layout import Action, action
-from capsuled.processes import sample_with_table
-from capsuled.proctable import ProcessTable
-from capsuled.reader.candidates import Candidates, wire_text
-from capsuled.reader.errors import Errors, ObservationCancelled, Shortage, Unavailable
-from capsuled.reader.generations import Generations
-from capsuled.reader.home import Home, HomeReplaced
-from capsuled.reader.lineage import Lineage, roots_of
-from capsuled.reader.ownership import Owners
-from capsuled.reader.projection import PROCESS_TOLERANCE_S, Answer, Inputs, Projection
-from capsuled.reader.receipts import ReceiptReader
-from capsuled.reader.walk import Verified, Walk
+from capsuled.home.layout import Action, action
+from capsuled.processes.sample import sample_with_table
+from capsuled.processes.table import ProcessTable
 from capsuled.shortage import is_shortage, shortage_gap
-from capsuled.store import OwnershipReader, StoreUnavailable, StoreVersion
+from capsuled.watch.changes import ChangeFeed
+
+from .candidates import Candidates, wire_text
+from .errors import Errors, ObservationCancelled, Shortage, Unavailable
+from .generations import Generations
+from .home import Home, HomeReplaced
+from .lineage import Lineage, roots_of
+from .ownership import Owners
+from .projection import PROCESS_TOLERANCE_S, Answer, Inputs, Projection
+from .receipts import ReceiptReader
+from .store import OwnershipReader, StoreUnavailable, StoreVersion
+from .walk import Verified, Walk
 
 __all__ = ["GAP_CATCHING_UP", "GAP_MOVED", "ActiveSessionReader", "Observation"]
 
@@ -94,7 +95,7 @@ class Observation:
             live process the answer rests on: live candidates' pids, the
             store's processes that matched the sample, live servers, the
             sessions' descendants. Its
-            exit changes the answer (``capsuled.exits`` watches them). None
+            exit changes the answer (``capsuled.processes.exits`` watches them). None
             when the observation could not say (``unavailable``).
         verified: what a verification found; None when it did not verify.
         shortage: the observation failed because the daemon is short of

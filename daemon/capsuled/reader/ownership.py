@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 
-from capsuled.layout import Kind
-from capsuled.processes import ProcessSample
-from capsuled.reader.candidates import UNASKED, Candidates
-from capsuled.store import Ownership, OwnershipReader, StoreVersion
+from capsuled.home.layout import Kind
+from capsuled.processes.sample import ProcessSample
+
+from .candidates import UNASKED, Candidates
+from .store import Ownership, OwnershipReader, StoreVersion
 
 __all__ = ["Owners"]
 

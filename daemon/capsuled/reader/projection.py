@@ -21,11 +21,12 @@ import msgspec
 
 from capsule_client.protocol import ServerEntry, Session, SessionProcess
 from capsule_client.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
-from capsuled.descendants import Descendant
-from capsuled.processes import ProcessSample, matches_start
-from capsuled.reader.candidates import UNASKED, Candidates
-from capsuled.reader.errors import Errors
-from capsuled.reader.ownership import Owners
+from capsuled.processes.descendants import Descendant
+from capsuled.processes.sample import ProcessSample, matches_start
+
+from .candidates import UNASKED, Candidates
+from .errors import Errors
+from .ownership import Owners
 
 __all__ = ["PROCESS_TOLERANCE_S", "Answer", "Inputs", "Projection"]
 
@@ -47,7 +48,7 @@ class Inputs:
         errors: the paths that could not be read.
         home_gap: the gap of a missing home, None while it exists.
         descendants: (pid, started_at) → what the sessions' processes started
-            (:class:`~capsuled.descendants.DescendantTracker`); one that is a
+            (:class:`~capsuled.processes.descendants.DescendantTracker`); one that is a
             receipt's or a row's process is listed as that (the closest attribution).
     """
 

@@ -26,11 +26,12 @@ from capsule_client.receipts import (
     decode_provider_client_receipt,
     decode_servers_registry,
 )
-from capsuled.layout import EXEC_PARTS, SERVERS_PARTS, Kind
-from capsuled.processes import ProcessSample
-from capsuled.reader.candidates import Candidates, Numbers, Receipt, Signature, make_candidate
-from capsuled.reader.errors import Errors, ObservationCancelled, describe, raise_if_short
-from capsuled.reader.home import Home
+from capsuled.home.layout import EXEC_PARTS, SERVERS_PARTS, Kind
+from capsuled.processes.sample import ProcessSample
+
+from .candidates import Candidates, Numbers, Receipt, Signature, make_candidate
+from .errors import Errors, ObservationCancelled, describe, raise_if_short
+from .home import Home
 
 __all__ = ["ReceiptReader"]
 

@@ -1,7 +1,7 @@
 """Walking the receipt places: from scratch, one changed path, or a verification.
 
 A walk lists ``runs`` and ``runtime/exec-processes`` and the directories
-below them that :func:`~capsuled.layout.walked` names, never through a
+below them that :func:`~capsuled.home.layout.walked` names, never through a
 symlink, and reads every receipt it finds (the original ``scan``). A changed
 path the watcher reported is brought up to date alone (the original
 ``reconcile``); a changed run or input directory is listed again from
@@ -16,10 +16,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from capsuled.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
-from capsuled.listings import RACY_MARGIN_NS, Listings
-from capsuled.reader.errors import describe, raise_if_short
-from capsuled.reader.receipts import ReceiptReader
+from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
+
+from .errors import describe, raise_if_short
+from .listings import RACY_MARGIN_NS, Listings
+from .receipts import ReceiptReader
 
 __all__ = ["Verified", "Walk"]
 

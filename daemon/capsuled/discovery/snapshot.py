@@ -1,0 +1,128 @@
+"""Answering ``sessions.snapshot``: which observation serves a request (docs/design.md §7).
+
+The latest answer serves when it is young enough for ``max_age_ms`` and
+nothing is pending; otherwise the request shares an observation (single
+flight) retried while ``scanning``, within ``timeout_ms``. ``max_age_ms: 0``
+first awaits the watch's barrier (read-your-writes); ``since`` long-polls
+for another generation; ``usage`` measures the processes for the request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+import msgspec
+
+from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsuled.processes.sample import UsageMeter
+from capsuled.processes.usage import with_usage
+
+from .encoded_answer import EncodedAnswer, encoder
+from .latest_answer import Publication
+from .single_flight import SingleFlight
+
+__all__ = ["Answers"]
+
+
+class Answers:
+    """Answers ``sessions.snapshot`` from the published answers and single flight.
+
+    Args:
+        flight: the observations to share.
+        publication: the latest answer and the long polls.
+        default_max_age_s: the age an answer may have when the request sets
+            no ``max_age_ms``, seconds (asked each time).
+        pending: whether changes wait to be read (the latest answer is then stale).
+        sync: the watch's read-your-writes barrier, or None.
+    """
+
+    def __init__(
+        self,
+        flight: SingleFlight,
+        publication: Publication,
+        *,
+        default_max_age_s: Callable[[], float],
+        pending: Callable[[], bool],
+        sync: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self._flight = flight
+        self._pub = publication
+        self._default_max_age_s = default_max_age_s
+        self._pending = pending
+        self._sync = sync
+        self._encoded = EncodedAnswer()
+        self._usage = UsageMeter()
+
+    async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
+        """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
+
+        Joined, the parts are the JSON text; they are sent as they are
+        (:class:`~capsuled.discovery.encoded_answer.EncodedAnswer`). An answer with ``usage``
+        is measured for its request, so it is encoded for it alone.
+        """
+        answer = await self._answer(params)
+        if params.usage:
+            measured = await with_usage(answer, self._usage)
+            return (encoder.encode(msgspec.structs.replace(measured, task=params.task)),)
+        return self._encoded.parts(answer, params.task)
+
+    async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """Answer ``sessions.snapshot`` (docs/design.md §7).
+
+        From the latest observation if it is younger than ``max_age_ms``
+        (default: the sample interval) and nothing is pending; otherwise an
+        observation that began no longer than ``max_age_ms`` before the
+        request arrived (shared; ``max_age_ms: 0``: one that began after it),
+        retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
+        ``since``: at once if the generation differs, else wait for a new one
+        up to ``timeout_ms``. An ``unavailable`` answer is returned as it is,
+        its gaps saying why.
+
+        Raises:
+            DiscoveryUnavailable: ``timeout_ms`` passed before an observation
+                the request may use ended (see :meth:`Publication.late`).
+            ShuttingDown: the daemon is stopping; a long poll ends with it.
+        """
+        answer = await self._answer(params)
+        if params.usage:
+            answer = await with_usage(answer, self._usage)
+        return msgspec.structs.replace(answer, task=params.task)
+
+    def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
+        latest = self._pub.latest
+        if (
+            latest is None
+            or latest.discovery == "scanning"
+            or time.monotonic() - self._pub.latest_at >= max_age_s
+            or self._pending()
+        ):
+            return None
+        return latest
+
+    def _max_age_s(self, params: SnapshotParams) -> float:
+        """How old an answer ``params`` accepts, seconds."""
+        if params.max_age_ms is not None:
+            return params.max_age_ms / 1000
+        return self._default_max_age_s()
+
+    async def _answer(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
+        """The observation that answers ``params``, as published (its ``task`` not set)."""
+        arrived_at = time.monotonic()
+        deadline = arrived_at + params.timeout_ms / 1000
+        max_age_s = self._max_age_s(params)
+        if max_age_s == 0 and self._sync is not None:
+            # Read-your-writes: once the barrier passed, every change made
+            # before the request is fed; only an observation begun after it serves.
+            with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
+                await self._sync()
+            arrived_at = time.monotonic()
+        answer = self._fresh(max_age_s)
+        if answer is None:
+            wanted = self._flight.wanted(arrived_at, max_age_s)
+            settled = await self._flight.settle(deadline, wanted, wait=True)
+            answer = settled or self._pub.late(params)
+        if params.since is not None:
+            answer = await self._pub.wait_for_change(params.since, answer, deadline)
+        return answer

@@ -1,0 +1,483 @@
+"""The descendants tracker: what a session's processes start is the session's (docs/design.md §5).
+
+A process is a *descendant* when its parent was, at some look, a live
+process of a session (a root — a live receipt's process or an owned
+(pid, start) row — or another descendant), or when it is in the Unix
+session (``sid``) that such a process leads. It keeps its session, its
+``parent_pid`` and its ``root_pid`` until it exits — also after its parent
+has exited and it has been re-parented (the orphaned ``npm run dev`` that
+outlives the shell that started it). A Unix session that a session
+process led stays the session's after the leader exits, while it has
+members: its id cannot be handed out again until the last one is gone (it
+is forgotten when a full table shows no process in it). A root is never a
+descendant (the closest attribution wins).
+
+**How a look finds new descendants.** :meth:`DescendantTracker.look` is
+given the roots and, optionally, a full :class:`~capsuled.processes.table.ProcessTable`
+(ppid and sid of every process: an observation's). With a table, it
+walks the table's children and session indexes from every session
+process. Without one it looks only where something new can be:
+
+* where the kernel has ``/proc/<pid>/task/<tid>/children``
+  (``CONFIG_PROC_CHILDREN``), it reads the children lists of the session's
+  processes (every thread's) and the stat of each child: O(the session's
+  processes and their children);
+* elsewhere, it reads the pid counter (the last field of ``/proc/loadavg``)
+  and the stat of each pid handed out since the last look — threads take
+  pids too, and are told apart by their ``Tgid``. Nothing forked anywhere:
+  one small read. More than :data:`MAX_PROBED_PIDS` pids since the last
+  look (or the first look): one full table instead.
+
+Either way it drops the known descendants that exited: each session
+process is held by a pidfd (up to :data:`MAX_TRACKED_PIDFDS`), and all of
+them are polled in one ``poll`` call, which names the ones that exited; a
+process held by none has its stat read (it exited when its (pid, start
+ticks) no longer matches, or it is a zombie).
+
+**How often.** At every observation (with the observation's table), and
+every :data:`LOOK_INTERVAL_S` while some session has a live process — never
+while none has, so an idle daemon does not wake for it. The interval bounds
+the escape window below; with nothing forking, a look costs one ``poll`` of
+the held pidfds and one read of ``/proc/loadavg``.
+
+**What escapes.** A process that is started and re-parented between two
+looks (its parent, a session process, exited before a look saw the child)
+is found only through its ``sid``; one that also left the session with
+``setsid`` before the first look is not found at all. The fix a runtime can
+apply: start background work with ``setsid`` itself, from a session
+process — the new session's leader is then a child the next look sees, and
+everything started in that Unix session is a descendant by its ``sid``,
+however it is re-parented. A process a new root had started before the root
+became a root is found at the next full table (the observation that brought
+the root).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from capsuled.shortage import is_shortage
+
+from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
+from .table import thread_group_id as _tgid
+
+__all__ = [
+    "LOOK_INTERVAL_S",
+    "MAX_PROBED_PIDS",
+    "MAX_TRACKED_PIDFDS",
+    "ROOT_TOLERANCE_S",
+    "Descendant",
+    "DescendantTracker",
+    "LookCost",
+    "children_files_supported",
+]
+
+#: Seconds between two looks while some session has a live process.
+LOOK_INTERVAL_S: Final = 1.0
+#: Pids handed out since the last look above which one full table is cheaper.
+MAX_PROBED_PIDS: Final = 4096
+#: Pidfds a tracker holds at most (past them, a look reads the stat of the rest).
+MAX_TRACKED_PIDFDS: Final = 1024
+#: A root's start time must match its stat within this (the widest receipt tolerance, §3).
+ROOT_TOLERANCE_S: Final = 5.0
+
+#: (pid, started_at Unix s) → session id: the live receipt and owned processes.
+Roots = Mapping[tuple[int, int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Descendant:
+    """A process a session's process started (or that is in its Unix session).
+
+    Attributes:
+        pid: its pid.
+        started_at: its start time, Unix seconds (whole).
+        parent_pid: its parent when first seen (kept after that parent exits).
+        root_pid: the root (receipt or owned process) it descends from.
+        session_id: the root's session.
+    """
+
+    pid: int
+    started_at: int
+    parent_pid: int
+    root_pid: int
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LookCost:
+    """What one look read.
+
+    Attributes:
+        full: it walked a full process table (given, or taken for want of a cheaper way).
+        stats: ``/proc/<pid>/stat`` files read (not counting a full table's).
+        probed: pids handed out since the last look that it read (the counter strategy).
+        children_lists: ``children`` files read (the children-files strategy).
+    """
+
+    full: bool = False
+    stats: int = 0
+    probed: int = 0
+    children_lists: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """A session process during a look."""
+
+    start_ticks: int
+    sid: int
+    session_id: str
+    root_pid: int
+    parent_pid: int  # 0 for a root
+
+
+class _ExitPoll:
+    """A pidfd per session process, all polled in one syscall: which have exited.
+
+    A pidfd names one process for good, so a held process needs no stat read
+    at a look: its descriptor turns readable when it exits. Past
+    ``max_pidfds`` (or without pidfds) processes are checked by their stat.
+    """
+
+    def __init__(self, max_pidfds: int) -> None:
+        self.max_pidfds = max_pidfds if hasattr(os, "pidfd_open") else 0
+        self._held: dict[int, tuple[int, int]] = {}  # pid → (fd, start ticks)
+        self._poll = select.poll()
+        self._finalizer = weakref.finalize(self, _close_all, self._held)
+
+    def holds(self, pid: int, start_ticks: int) -> bool:
+        held = self._held.get(pid)
+        return held is not None and held[1] == start_ticks
+
+    def exited(self) -> set[int]:
+        """The held pids whose process has exited (or is a zombie)."""
+        if not self._held:
+            return set()
+        ready = {fd for fd, _ in self._poll.poll(0)}
+        return {pid for pid, (fd, _) in self._held.items() if fd in ready}
+
+    def sync(self, members: dict[int, _Member]) -> int:
+        """Hold exactly ``members``; a new one whose pid turns out reused since its stat
+        was read is dropped from ``members``. Returns the stat files read."""
+        for pid, (_fd, start_ticks) in list(self._held.items()):
+            member = members.get(pid)
+            if member is None or member.start_ticks != start_ticks:
+                self._release(pid)
+        reads = 0
+        for pid, member in list(members.items()):
+            if pid in self._held or len(self._held) >= self.max_pidfds:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                del members[pid]
+                continue
+            except OSError as exc:
+                if not is_shortage(exc):  # refused for good (a sandbox): stat reads
+                    self.max_pidfds = len(self._held)
+                break  # short of descriptors: stat reads for the rest, this time
+            reads += 1
+            stat = proc_stat(pid)  # the pid may have been reused before the open
+            if stat is None or not stat.live or stat.start_ticks != member.start_ticks:
+                os.close(fd)
+                del members[pid]
+                continue
+            self._held[pid] = (fd, member.start_ticks)
+            self._poll.register(fd, select.POLLIN)
+        return reads
+
+    def _release(self, pid: int) -> None:
+        fd, _ = self._held.pop(pid)
+        self._poll.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _same(stat: ProcStat | None, start_ticks: int) -> bool:
+    """Whether ``stat`` is of a live process that started at ``start_ticks``."""
+    return stat is not None and stat.live and stat.start_ticks == start_ticks
+
+
+def _close_all(held: dict[int, tuple[int, int]]) -> None:
+    for fd, _ in held.values():
+        os.close(fd)
+    held.clear()
+
+
+def children_files_supported() -> bool:
+    """Whether this kernel has ``/proc/<pid>/task/<tid>/children`` (``CONFIG_PROC_CHILDREN``)."""
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+class DescendantTracker:
+    """Keeps the descendants of the session processes, look after look.
+
+    Args:
+        children_files: use the kernel's children lists between full tables;
+            None decides by :func:`children_files_supported`.
+        max_probed_pids: past this many new pids, a look takes a full table.
+        max_pidfds: session processes held by a pidfd at most (their exits
+            cost no read at a look); the rest are checked by their stat.
+
+    Blocking (reads ``/proc``): run looks in a worker thread, one at a time.
+    :meth:`close` lets the pidfds go (so does garbage collection).
+    """
+
+    def __init__(
+        self,
+        *,
+        children_files: bool | None = None,
+        max_probed_pids: int = MAX_PROBED_PIDS,
+        max_pidfds: int = MAX_TRACKED_PIDFDS,
+    ) -> None:
+        self.children_files = (
+            children_files_supported() if children_files is None else children_files
+        )
+        self.max_probed_pids = max_probed_pids
+        self._pid_max = _pid_max()
+        self._known: dict[int, _Member] = {}
+        # sid → the session process that led it: kept after the leader exits, while
+        # the Unix session has members (its id cannot be handed out again until then).
+        self._led: dict[int, _Member] = {}
+        self._last_pid: int | None = None
+        self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
+        self._exits = _ExitPoll(max_pidfds)
+        self.last_cost = LookCost()
+
+    def close(self) -> None:
+        """Let every pidfd go; the tracker forgets what it kept."""
+        self._exits.close()
+        self.forget()
+
+    def __enter__(self) -> DescendantTracker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def look(
+        self, roots: Roots, table: ProcessTable | None = None
+    ) -> dict[tuple[int, int], Descendant]:
+        """The descendants now: (pid, started_at) → :class:`Descendant`.
+
+        Args:
+            roots: (pid, started_at Unix s) → session id of the live receipt
+                and owned processes (a root whose stat no longer matches
+                within :data:`ROOT_TOLERANCE_S` counts as gone).
+            table: a full process table (an observation's); without it the
+                look reads only the session's processes and what is new.
+        """
+        clock = Clock()
+        full = table is not None
+        if table is None and not self.children_files:
+            counter = last_pid()
+            if (
+                counter is None
+                or self._last_pid is None
+                or self._span(counter) > self.max_probed_pids
+            ):
+                table, full = take_table(), True
+        members, stats = self._members(roots, clock, None if table is None else table.stats)
+        probed = lists = 0
+        if table is not None:
+            self._last_pid = table.last_pid
+            self._grow(members, table.stats, check_threads=False)
+            # A Unix session ends with its last member; its id is then free for reuse.
+            sids = {stat.session_id for stat in table.stats.values()}
+            self._led = {sid: m for sid, m in self._led.items() if sid in sids}
+        elif self.children_files:
+            lists, read = self._grow_by_children(members)
+            stats += read
+        else:
+            probed = self._grow_by_probe(members)
+        stats += self._exits.sync(members)
+        self._known = {pid: m for pid, m in members.items() if m.parent_pid}
+        self._roots = {key: members[key[0]] for key in roots if key[0] in members}
+        self.last_cost = LookCost(
+            full=full, stats=stats + probed, probed=probed, children_lists=lists
+        )
+        found = {}
+        for pid, member in sorted(self._known.items()):
+            started_at = int(clock.seconds(member.start_ticks))
+            found[pid, started_at] = Descendant(
+                pid, started_at, member.parent_pid, member.root_pid, member.session_id
+            )
+        return found
+
+    def forget(self) -> None:
+        """Drop every descendant (the daemon's home was replaced, say)."""
+        self._known.clear()
+        self._led.clear()
+        self._roots.clear()
+
+    # ------------------------------------------------------------------
+
+    def _members(
+        self, roots: Roots, clock: Clock, lookup: Mapping[int, ProcStat] | None
+    ) -> tuple[dict[int, _Member], int]:
+        """The live roots and the known descendants still running; stat files read."""
+        members: dict[int, _Member] = {}
+        stats = 0
+
+        def stat_of(pid: int) -> ProcStat | None:
+            nonlocal stats
+            if lookup is not None:
+                return lookup.get(pid)
+            stats += 1
+            return proc_stat(pid)
+
+        exited = self._exits.exited() if lookup is None else set()
+
+        def held(pid: int, member: _Member | None) -> bool:
+            """Held by a pidfd that has not turned readable: still running, no read needed."""
+            return (
+                lookup is None
+                and member is not None
+                and self._exits.holds(pid, member.start_ticks)
+                and pid not in exited
+            )
+
+        for key, session_id in sorted(roots.items()):
+            pid, started_at = key
+            last = self._roots.get(key)
+            if last is not None and held(pid, last):
+                members[pid] = dataclasses.replace(last, session_id=session_id)
+                continue
+            stat = stat_of(pid)
+            if stat is None or not stat.live:
+                continue
+            if abs(clock.seconds(stat.start_ticks) - started_at) <= ROOT_TOLERANCE_S:
+                members[pid] = _Member(stat.start_ticks, stat.session_id, session_id, pid, 0)
+        for pid, known in self._known.items():
+            if pid in members or pid in exited:
+                continue  # a root itself now (listed once, as the closest attribution), or gone
+            if held(pid, known) or _same(stat_of(pid), known.start_ticks):
+                members[pid] = known
+        return members, stats
+
+    def _grow_by_probe(self, members: dict[int, _Member]) -> int:
+        """Add what descends from ``members`` among the pids handed out since the last look."""
+        counter = last_pid()
+        if counter is None or self._last_pid is None:
+            raise AssertionError("a probe needs the pid counter of two looks")
+        candidates: dict[int, ProcStat] = {}
+        probed = 0
+        for pid in self._new_pids(counter):
+            probed += 1
+            stat = proc_stat(pid)
+            if stat is not None and stat.live and pid not in members:
+                candidates[pid] = stat
+        self._last_pid = counter
+        self._grow(members, candidates, check_threads=True)
+        return probed
+
+    def _grow(
+        self, members: dict[int, _Member], stats: Mapping[int, ProcStat], *, check_threads: bool
+    ) -> None:
+        """Add the processes of ``stats`` that descend from ``members``, transitively: by
+        their parent, or by a Unix session that a session process leads or led."""
+        by_parent: defaultdict[int, list[int]] = defaultdict(list)
+        by_sid: defaultdict[int, list[int]] = defaultdict(list)
+        for pid, stat in stats.items():
+            if pid not in members:
+                by_parent[stat.ppid].append(pid)
+                by_sid[stat.session_id].append(pid)
+        for pid, member in members.items():
+            if member.sid == pid:
+                self._led[pid] = member
+        pending: list[tuple[_Member, list[int]]] = [
+            (members[pid], by_parent.get(pid, [])) for pid in sorted(members)
+        ]
+        pending.extend((leader, by_sid.get(sid, [])) for sid, leader in sorted(self._led.items()))
+        while pending:
+            via, found = pending.pop()
+            for pid in found:
+                stat = stats[pid]
+                if pid in members or stat.start_ticks < via.start_ticks:
+                    continue  # known, or older than its claimed parent (a reused parent pid)
+                if check_threads and _tgid(pid) != pid:
+                    continue  # a thread: its stat names its process's parent
+                member = members[pid] = _Member(
+                    stat.start_ticks, stat.session_id, via.session_id, via.root_pid, stat.ppid
+                )
+                pending.append((member, by_parent.get(pid, [])))
+                if stat.session_id == pid:  # it leads a Unix session (setsid): its members are ours
+                    self._led[pid] = member
+                    pending.append((member, by_sid.get(pid, [])))
+
+    def _grow_by_children(self, members: dict[int, _Member]) -> tuple[int, int]:
+        """Add children found in the children lists of ``members``, transitively."""
+        lists = read = 0
+        queue = sorted(members)
+        while queue:
+            parent_pid = queue.pop()
+            parent = members[parent_pid]
+            children, files = _children(parent_pid)
+            lists += files
+            for child in children:
+                if child in members:
+                    continue
+                stat = proc_stat(child)
+                read += 1
+                if stat is None or not stat.live or stat.start_ticks < parent.start_ticks:
+                    continue
+                members[child] = _Member(
+                    stat.start_ticks,
+                    stat.session_id,
+                    parent.session_id,
+                    parent.root_pid,
+                    parent_pid,
+                )
+                queue.append(child)
+        return lists, read
+
+    def _span(self, counter: int) -> int:
+        assert self._last_pid is not None
+        if counter >= self._last_pid:
+            return counter - self._last_pid
+        return self._pid_max - self._last_pid + counter  # the counter wrapped
+
+    def _new_pids(self, counter: int) -> Iterable[int]:
+        assert self._last_pid is not None
+        if counter >= self._last_pid:
+            return range(self._last_pid + 1, counter + 1)
+        return (*range(self._last_pid + 1, self._pid_max), *range(2, counter + 1))
+
+
+def _children(pid: int) -> tuple[list[int], int]:
+    """The children of every thread of ``pid`` (``/proc/<pid>/task/<tid>/children``),
+    and how many such files were read."""
+    children: list[int] = []
+    files = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children, files
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as file:
+                data = file.read()
+        except OSError:
+            continue
+        files += 1
+        children.extend(int(child) for child in data.split())
+    return children, files
+
+
+def _pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max", "rb") as file:
+            return int(file.read())
+    except (OSError, ValueError):
+        return 1 << 22  # the kernel's upper bound

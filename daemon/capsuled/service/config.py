@@ -1,0 +1,278 @@
+"""The daemon's configuration: flags, their environment variables, defaults (docs/design.md §8).
+
+A flag wins over its environment variable, which wins over the default.
+Every flag and variable is listed in ``capsuled --help`` and in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
+from capsule_client.protocol import WatcherMode
+from capsuled import __version__
+from capsuled.watch.watcher import WATCH_MODES
+
+__all__ = ["Config", "ConfigError", "parse_args"]
+
+LogFormat = Literal["json", "console", "auto"]
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(ValueError):
+    """A flag or environment variable has a value the daemon cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the daemon was told at start-up.
+
+    Attributes:
+        home: the home directory (docs/design.md §2), absolute.
+        socket: the Unix socket path, absolute.
+        sample_interval_s: seconds between two observations of the sampler.
+        verify_interval_s: seconds between two verification runs (the net
+            under the watch, docs/design.md §5).
+        poll_interval_s: seconds between two poll passes while polling, and
+            between two retries of a directory the native watch could not watch.
+        log_format: ``json``, ``console``, or ``auto`` (console on a TTY
+            that is not the journal, JSON otherwise).
+        log_level: lowest level logged, lower case.
+        max_connections: connections served at once; more get -32002.
+        drain_timeout_s: how long a shutdown waits for in-flight requests.
+        write_timeout_s: how long a reply may wait for its peer to read it
+            before the connection is dropped (docs/protocol.md, "Slow readers").
+        watch: how the home is watched: ``native`` (falls back to polling
+            when a native watch cannot start), ``polling`` or ``off``.
+        max_pidfds: process-exit descriptors held at most; the exits of
+            processes past it are noticed by sampling (``capsuled.processes.exits``).
+        metrics_textfile: where to write the metrics for node_exporter's
+            textfile collector (docs/service.md), or None.
+    """
+
+    home: Path
+    socket: Path
+    sample_interval_s: float = 1.0
+    verify_interval_s: float = 30.0
+    poll_interval_s: float = 0.5
+    log_format: LogFormat = "auto"
+    log_level: str = "info"
+    max_connections: int = 1024
+    drain_timeout_s: float = 5.0
+    write_timeout_s: float = 10.0
+    watch: WatcherMode = "native"
+    max_pidfds: int = 4096
+    metrics_textfile: Path | None = None
+
+
+# (flag, environment variable, help) for the options that have one.
+_ENV = {
+    "home": "CAPSULE_HOME",
+    "socket": "CAPSULED_SOCKET",
+    "sample_interval": "CAPSULED_SAMPLE_INTERVAL",
+    "verify_interval": "CAPSULED_VERIFY_INTERVAL",
+    "poll_interval": "CAPSULED_POLL_INTERVAL",
+    "log_format": "CAPSULED_LOG_FORMAT",
+    "log_level": "CAPSULED_LOG_LEVEL",
+    "max_connections": "CAPSULED_MAX_CONNECTIONS",
+    "write_timeout": "CAPSULED_WRITE_TIMEOUT",
+    "watch": "CAPSULED_WATCH",
+    "max_pidfds": "CAPSULED_MAX_PIDFDS",
+    "metrics_textfile": "CAPSULED_METRICS_TEXTFILE",
+}
+
+
+def _positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise ConfigError(f"{name} must be at least 1, not {text!r}")
+    return value
+
+
+#: (option, Config field, conversion) for the numeric options.
+_NUMBERS: tuple[tuple[str, str, Callable[[str, str], object]], ...] = (
+    ("sample_interval", "sample_interval_s", _positive_float),
+    ("verify_interval", "verify_interval_s", _positive_float),
+    ("poll_interval", "poll_interval_s", _positive_float),
+    ("write_timeout", "write_timeout_s", _positive_float),
+    ("max_connections", "max_connections", _positive_int),
+    ("max_pidfds", "max_pidfds", _positive_int),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``capsuled`` command line; each option's help names its variable."""
+    parser = argparse.ArgumentParser(
+        prog="capsuled",
+        description=(
+            "Per-user daemon that tells agent runtimes which sessions are alive, with which "
+            "processes, and which background commands a resumed session left behind. "
+            "It serves JSON-RPC 2.0, one message per line, on a Unix socket."
+        ),
+        epilog=(
+            "Each option can also be set by the environment variable in brackets; the flag "
+            "wins. Exit status: 0 after a clean shutdown (SIGTERM, SIGINT), 1 when the daemon "
+            "cannot start (bad home, socket in use), 2 on bad usage."
+        ),
+    )
+
+    def add(flag: str, key: str, help_text: str, **kwargs: object) -> None:
+        parser.add_argument(flag, dest=key, help=f"{help_text} [${_ENV[key]}]", **kwargs)  # type: ignore[arg-type]
+
+    add(
+        "--home",
+        "home",
+        "directory runtimes write receipts into "
+        "(default: $XDG_STATE_HOME/capsule, else ~/.local/state/capsule)",
+        metavar="DIR",
+    )
+    add(
+        "--socket",
+        "socket",
+        "Unix socket to serve (default: $XDG_RUNTIME_DIR/capsuled.sock, else HOME/capsuled.sock)",
+        metavar="PATH",
+    )
+    add(
+        "--sample-interval",
+        "sample_interval",
+        "seconds between two observations where changes cannot all be events: no watch, "
+        "process exits past the pidfd limit or without pidfds (default: 1)",
+        metavar="S",
+    )
+    add(
+        "--verify-interval",
+        "verify_interval",
+        "seconds between two verification runs, which compare every receipt directory and "
+        "live receipt with what was last seen and re-read what the watch missed (default: 30)",
+        metavar="S",
+    )
+    add(
+        "--poll-interval",
+        "poll_interval",
+        "seconds between two passes of the polling watch, and between two retries of a "
+        "directory the native watch could not watch (default: 0.5)",
+        metavar="S",
+    )
+    add(
+        "--log-format",
+        "log_format",
+        "json, console, or auto: console on a terminal, JSON otherwise (default: auto)",
+        metavar="FORMAT",
+    )
+    add(
+        "--log-level",
+        "log_level",
+        "debug, info, warning, error or critical (default: info)",
+        metavar="LEVEL",
+    )
+    add(
+        "--max-connections",
+        "max_connections",
+        "connections served at once; more are answered -32002 and closed (default: 1024)",
+        metavar="N",
+    )
+    add(
+        "--write-timeout",
+        "write_timeout",
+        "seconds a reply may wait for the client to read it before the connection is "
+        "dropped (default: 10)",
+        metavar="S",
+    )
+    add(
+        "--watch",
+        "watch",
+        "how to watch the home for changes: native (inotify on Linux, FSEvents on macOS; falls "
+        "back to polling when it cannot start), polling (an lstat walk every poll interval), "
+        "or off (no watch: every observation walks the home) (default: native)",
+        metavar="MODE",
+    )
+    add(
+        "--max-pidfds",
+        "max_pidfds",
+        "processes whose exit is watched with a pidfd (Linux >= 5.3), so it changes answers "
+        "at once; the exits of more are noticed by sampling (default: 4096)",
+        metavar="N",
+    )
+    add(
+        "--metrics-textfile",
+        "metrics_textfile",
+        "also write the metrics to this file (atomically, after changes, at most every 5 s) "
+        "for node_exporter's textfile collector; the name must end in .prom (default: none)",
+        metavar="PATH",
+    )
+    parser.add_argument("--version", action="version", version=f"capsuled {__version__}")
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Turn the command line and the environment into a :class:`Config`.
+
+    Raises:
+        ConfigError: a value is out of range or malformed (message names it).
+        SystemExit: ``--help``, ``--version`` or a usage error (argparse).
+    """
+    env = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+
+    def pick(key: str) -> str | None:
+        value: str | None = getattr(args, key)
+        if value is None:
+            value = env.get(_ENV[key]) or None
+        return value
+
+    home_text = pick("home")
+    home = Path(home_text).expanduser() if home_text else default_home(env)
+    home = Path(os.path.abspath(home))
+    socket_text = pick("socket")
+    socket = Path(socket_text).expanduser() if socket_text else default_socket(home, env)
+    socket = Path(os.path.abspath(socket))
+
+    log_format = (pick("log_format") or "auto").lower()
+    if log_format not in ("json", "console", "auto"):
+        raise ConfigError(f"log format must be json, console or auto, not {log_format!r}")
+    log_level = (pick("log_level") or "info").lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+
+    watch = (pick("watch") or "native").lower()
+    if watch not in WATCH_MODES:
+        raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
+
+    textfile_text = pick("metrics_textfile")
+    textfile = Path(os.path.abspath(Path(textfile_text).expanduser())) if textfile_text else None
+    if textfile is not None and textfile.suffix != ".prom":
+        raise ConfigError(
+            f"metrics textfile must end in .prom (node_exporter reads only those), not {textfile}"
+        )
+
+    config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
+    overrides: dict[str, object] = {"watch": watch, "metrics_textfile": textfile}
+    for key, field, convert in _NUMBERS:
+        if (text := pick(key)) is not None:
+            overrides[field] = convert(key.replace("_", " "), text)
+    if len(os.fsencode(socket)) > MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"socket path {socket} is longer than the {MAX_SOCKET_PATH_BYTES} bytes "
+            "a Unix socket allows; choose a shorter --socket"
+        )
+    return replace(config, **overrides)  # type: ignore[arg-type]

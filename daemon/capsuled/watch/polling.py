@@ -1,0 +1,178 @@
+"""The daemon's own ``lstat`` poller: what changed in the entered directories since the last look.
+
+Used for the whole home by ``--watch polling``, and by the native watch for
+the directories it could not watch (docs/design.md §8 "The watch"). It never
+follows a symlink: entries are ``lstat``-ed (``os.scandir`` with
+``follow_symlinks=False``), and a link is an entry like a file, never a
+directory to enter. Everything here blocks; run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
+
+__all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
+
+#: What one entry looked like: (inode, type and mode, size, mtime_ns, ctime_ns);
+#: for a directory only its inode and type (what changes below it is its own look).
+_EntrySignature: TypeAlias = tuple[int, int, int, int, int]
+
+
+def open_directory(path: str, *, follow: bool = False) -> int:
+    """A descriptor of the directory at ``path``, never through a final symlink.
+
+    Listing through it (``os.scandir(fd)``) cannot wander into a link's target
+    if the directory was replaced by one after it was checked; ``follow`` is
+    for the home itself, which may be configured as a link.
+
+    Raises:
+        OSError: not a directory (``ENOTDIR``, ``ELOOP`` for a link), gone, unreadable.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    return os.open(path, flags)
+
+
+class HomeMissing(Exception):
+    """The home is gone or is no longer the directory the poller started on."""
+
+
+@dataclass(slots=True)
+class Look:
+    """What a look found: changed paths the reader cares about, whether the store was written."""
+
+    paths: set[Parts] = field(default_factory=set)
+    store: bool = False
+
+    def __bool__(self) -> bool:
+        return self.store or bool(self.paths)
+
+
+class _NoEntries:
+    """An empty listing, for a directory that could not be opened."""
+
+    def __enter__(self) -> list[os.DirEntry[str]]:
+        return []
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_ENTRIES = _NoEntries()
+
+
+class Poller:
+    """Remembers each looked-at directory's entries and reports what differs next time.
+
+    Args:
+        home: the home, absolute.
+    """
+
+    def __init__(self, home: str) -> None:
+        self._home = home
+        self._seen: dict[Parts, dict[str, _EntrySignature]] = {}
+        self._home_identity: tuple[int, int] | None = None
+
+    @property
+    def directories(self) -> int:
+        """Directories looked at now."""
+        return len(self._seen)
+
+    def walk(self) -> Look:
+        """Look at every entered directory from the home down.
+
+        The first walk only remembers (it reports nothing). A directory that
+        appeared is looked at in the same walk; one that went away is forgotten.
+
+        Raises:
+            HomeMissing: the home is missing or was replaced since the first walk.
+        """
+        try:
+            st = os.stat(self._home)  # the home itself may be configured as a link
+        except OSError as exc:
+            raise HomeMissing(str(exc)) from exc
+        identity = (st.st_dev, st.st_ino)
+        if not stat.S_ISDIR(st.st_mode) or (
+            self._home_identity is not None and identity != self._home_identity
+        ):
+            raise HomeMissing("the home was replaced")
+        first = self._home_identity is None
+        self._home_identity = identity
+        look = Look()
+        present: set[Parts] = set()
+        pending: list[Parts] = [()]
+        while pending:
+            parts = pending.pop()
+            present.add(parts)
+            children = self.look(parts, look, report=not first)
+            pending.extend(children)
+        for gone in [parts for parts in self._seen if parts not in present]:
+            del self._seen[gone]
+        return look
+
+    def look(self, parts: Parts, look: Look, *, report: bool = True) -> list[Parts]:
+        """Look at one directory: add what differs from last time to ``look``.
+
+        A directory never looked at before reports every entry (unless
+        ``report`` is false: then it only remembers them).
+
+        Returns:
+            the entered subdirectories (real directories, never links).
+        """
+        path = os.path.join(self._home, *parts)
+        before = self._seen.get(parts)
+        now: dict[str, _EntrySignature] = {}
+        children: list[Parts] = []
+        try:
+            fd = open_directory(path, follow=not parts)
+        except OSError:
+            fd = None  # gone, a link, unreadable: no entries (the reader says why)
+        try:
+            with os.scandir(fd) if fd is not None else _NO_ENTRIES as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # gone since the listing
+                    child = (*parts, entry.name)
+                    if stat.S_ISDIR(st.st_mode):  # its chmod says nothing: its entries do
+                        now[entry.name] = (st.st_ino, stat.S_IFDIR, 0, 0, 0)
+                        if entered(child):
+                            children.append(child)
+                    else:
+                        now[entry.name] = (
+                            st.st_ino,
+                            st.st_mode,
+                            st.st_size,
+                            st.st_mtime_ns,
+                            st.st_ctime_ns,
+                        )
+        except OSError:
+            pass  # gone while listed
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self._seen[parts] = now
+        if report:
+            old = before if before is not None else {}
+            for name in now.keys() | old.keys():
+                if now.get(name) != old.get(name):
+                    _report(look, (*parts, name))
+        return children
+
+    def forget(self, parts: Parts) -> None:
+        """Stop remembering the directory at ``parts`` (it is watched now, or gone)."""
+        self._seen.pop(parts, None)
+
+
+def _report(look: Look, parts: Parts) -> None:
+    if parts in STORE_FILES:
+        look.store = True
+    elif reader_cares(parts):
+        look.paths.add(parts)

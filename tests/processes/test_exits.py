@@ -1,0 +1,111 @@
+"""ExitWatch: a pidfd per watched process, re-checked against pid reuse (processes.exits)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import anyio
+import pytest
+from sessions_support import Sleepers
+
+from capsuled.processes.exits import ExitWatch, pidfds_supported
+from capsuled.processes.sample import sample_processes
+
+pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
+
+
+def _run_watch(
+    watched: dict[int, float],
+    during: list[subprocess.Popen[bytes]],
+    *,
+    max_pidfds: int = 4096,
+) -> tuple[int, int, int]:
+    """Track ``watched``, kill ``during`` once tracked, and wait for as many exits.
+
+    Returns (exits seen, descriptors held after tracking, processes left unwatched).
+    """
+
+    async def main() -> tuple[int, int, int]:
+        exited = anyio.Event()
+        exits = 0
+
+        def on_exit() -> None:
+            nonlocal exits
+            exits += 1
+            if exits >= len(during):
+                exited.set()
+
+        watch = ExitWatch(on_exit, max_pidfds=max_pidfds)
+        async with anyio.create_task_group() as tg:
+            await tg.start(watch.serve)
+            watch.track(watched)
+            held, unwatched = watch.held, watch.unwatched
+            for process in during:
+                process.kill()
+            with anyio.fail_after(5):
+                if during:
+                    await exited.wait()
+                else:
+                    await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+        assert watch.held == 0  # every descriptor closed on the way out
+        return exits, held, unwatched
+
+    return anyio.run(main)
+
+
+def test_an_exit_is_reported_and_its_descriptor_let_go(pool: Sleepers) -> None:
+    keep, doomed = pool.start(), pool.start()
+    sample = sample_processes()
+    watched = {pid: sample[pid] for pid in (keep.pid, doomed.pid)}
+    exits, held, unwatched = _run_watch(watched, [doomed])
+    assert (exits, held, unwatched) == (1, 2, 0)
+
+
+def test_a_reused_pid_counts_as_an_exit_at_once(pool: Sleepers) -> None:
+    process = pool.start()
+    started = sample_processes()[process.pid]
+    # The sample said another process had this pid, 100 s earlier: it is gone.
+    exits, held, _ = _run_watch({process.pid: started - 100}, [])
+    assert (exits, held) == (1, 0)
+
+
+def test_a_pid_that_no_longer_exists_counts_as_an_exit(pool: Sleepers) -> None:
+    process = pool.start()
+    started = sample_processes()[process.pid]
+    pool.kill(process)
+    exits, held, _ = _run_watch({process.pid: started}, [])
+    assert (exits, held) == (1, 0)
+
+
+def test_past_the_limit_exits_are_left_to_sampling(pool: Sleepers) -> None:
+    processes = [pool.start() for _ in range(3)]
+    sample = sample_processes()
+    watched = {p.pid: sample[p.pid] for p in processes}
+    exits, held, unwatched = _run_watch(watched, [], max_pidfds=2)
+    assert (exits, held, unwatched) == (0, 2, 1)
+
+
+def test_sampling_mode_holds_nothing(pool: Sleepers) -> None:
+    process = pool.start()
+    watch = ExitWatch(lambda: None, enabled=False)
+    watch.track({process.pid: sample_processes()[process.pid]})
+    assert (watch.mode, watch.held) == ("sampling", 0)
+    assert watch.notes == ["process exits are noticed by sampling only (no pidfd on this system)"]
+
+
+def test_a_refused_process_is_reported_once_while_samples_list_it(pool: Sleepers) -> None:
+    process = pool.start()
+    watched = {process.pid: sample_processes()[process.pid] - 100}
+
+    async def main() -> tuple[int, int, int]:
+        exits: list[None] = []
+        watch = ExitWatch(lambda: exits.append(None))
+        async with anyio.create_task_group() as tg:
+            await tg.start(watch.serve)
+            for _ in range(3):  # three observations with the same sample
+                watch.track(watched)
+            tg.cancel_scope.cancel()
+        return len(exits), watch.held, watch.unwatched
+
+    assert anyio.run(main) == (1, 0, 1)
