@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 from collections.abc import Callable
 from typing import Final
@@ -36,6 +37,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("capsuled.server")
+
+#: Connections past the cap being refused at once (docs/design.md §8).
+MAX_REFUSING: Final = 4
 
 #: Seconds between two tries of an ``accept`` that failed.
 _ACCEPT_RETRY_S: Final = 0.1
@@ -69,6 +73,7 @@ class Server:
         self.connections: set[Connection] = set()
         self._accepted = 0
         self._admitted = 0  # connections accepted and not yet closed
+        self._refusals = anyio.Semaphore(MAX_REFUSING)  # refusals past the cap under way
         self._accept_scope = anyio.CancelScope()
         self._connection_closed = anyio.Event()
         self._accepting = True
@@ -130,35 +135,54 @@ class Server:
             if failing:
                 log.info("accepting again")
                 failing = False
-            if self._admitted >= self.max_connections:
-                await self._refuse_over_cap(stream)
+            if self._at_cap():
+                await self._refusals.acquire()  # at most a few at once: the rest wait
+                tg.start_soon(self._refuse_over_cap, stream)
                 continue
             self._admitted += 1
             self._accepted += 1
             tg.start_soon(self._serve_connection, stream, self._accepted)
 
-    async def _refuse_over_cap(self, stream: UNIXSocketStream) -> None:
-        """One connection past the cap: one -32002 line, then closed, before the next accept.
+    def _at_cap(self) -> bool:
+        """Whether one more connection would pass the cap.
 
-        Refused here, not in a task of its own, so that a burst of clients
-        past the cap holds one descriptor at a time, never the budget of
-        others (docs/design.md §8). What the peer sent already is read and
-        discarded first: a Unix socket closed with unread data resets its
-        peer instead of letting it read the line.
+        A connection whose peer has hung up is about to close (its task has not
+        run yet): it is not counted, so a client that connects the moment
+        another left is served, not refused. Asked with one ``poll`` (no
+        descriptor), only at the cap.
         """
-        log.warning("connection refused: too many", limit=self.max_connections)
-        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        line = encode_error(
-            ErrorCode.OVERLOADED, f"overloaded: more than {self.max_connections} connections"
-        )
+        if self._admitted < self.max_connections:
+            return False
+        poller = select.poll()
+        for connection in self.connections:
+            raw = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            if raw is not None:
+                poller.register(raw.fileno(), 0)  # hang-ups and errors are always reported
+        return self._admitted - len(poller.poll(0)) >= self.max_connections
+
+    async def _refuse_over_cap(self, stream: UNIXSocketStream) -> None:
+        """One connection past the cap: one -32002 line, then closed gently.
+
+        At most :data:`MAX_REFUSING` are refused at once, and the accept loop
+        waits for one of them to end before it accepts again: a burst of
+        clients past the cap holds a few descriptors, never the shares of
+        the others (docs/design.md §8). Each is half-closed and what the peer
+        sends is read until it closes (bounded, as for a refused peer): a Unix
+        socket closed with unread data resets its peer before it reads the line.
+        """
         try:
-            raw.send(line + b"\n")  # a short line: the socket buffer takes it whole
-            raw.shutdown(socket.SHUT_WR)
-            while raw.recv(65536):
-                pass
-        except OSError:  # nothing more to read (EAGAIN), or the peer left
-            pass
-        await stream.aclose()
+            log.warning("connection refused: too many", limit=self.max_connections)
+            line = encode_error(
+                ErrorCode.OVERLOADED, f"overloaded: more than {self.max_connections} connections"
+            )
+            async with stream:
+                try:
+                    await stream.send(line + b"\n")
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return
+                await _hang_up_gently(stream)
+        finally:
+            self._refusals.release()
 
     def _refuse_one(self, listener: UnixListener) -> bool:
         """Out of descriptors: accept one waiting connection, answer -32002, close it.
