@@ -154,11 +154,15 @@ class Server:
         if self._admitted < self.max_connections:
             return False
         poller = select.poll()
+        closed = 0  # closed already, its task not ended yet
         for connection in self.connections:
             raw = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-            if raw is not None:
-                poller.register(raw.fileno(), 0)  # hang-ups and errors are always reported
-        return self._admitted - len(poller.poll(0)) >= self.max_connections
+            fd = -1 if raw is None else raw.fileno()
+            if fd < 0:
+                closed += 1
+            else:
+                poller.register(fd, 0)  # hang-ups and errors are always reported
+        return self._admitted - closed - len(poller.poll(0)) >= self.max_connections
 
     async def _refuse_over_cap(self, stream: UNIXSocketStream) -> None:
         """One connection past the cap: one -32002 line, then closed gently.
