@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """A pretend agent runtime: one session with a provider client and two exec processes.
 
+The first exec is a shell that leaves background work behind, as agents'
+shells do (``sleep N & (sleep N &); wait``): the daemon lists its two
+``sleep`` processes as the session's descendants, the second under the
+shell's entry although its parent (the subshell) has exited.
+
 It uses only the writer kit that ships with the package (``capsule_client``):
 
 1. registers a session, its input and its execs in the ownership store;
@@ -10,7 +15,8 @@ It uses only the writer kit that ships with the package (``capsule_client``):
    and a ``shell_detached`` per exec process that never reports an outcome,
    so a resumed session has something to reconcile;
 5. prints what it did, and how to watch and kill the processes and reconcile
-   the session.
+   the session: lines that work as pasted (``capsulectl`` by name when the
+   shell finds this install's, else by its path beside this Python).
 
 Run it with the same environment as the daemon (``CAPSULE_HOME`` or the
 default home), then ``capsulectl sessions``::
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,14 +47,28 @@ from capsule_client.trace import TraceWriter
 
 def start_sleep(seconds: int) -> int:
     """Start ``sleep`` in its own session, so it outlives this script; return its pid."""
+    return start(["sleep", str(seconds)])
+
+
+def start(argv: list[str]) -> int:
+    """Start ``argv`` in its own session (and process group), so it outlives this script."""
     process = subprocess.Popen(
-        ["sleep", str(seconds)],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     return process.pid
+
+
+def capsulectl() -> str:
+    """How a shell here runs this install's ``capsulectl``: its name, or its path."""
+    beside = Path(sys.executable).parent / "capsulectl"
+    found = shutil.which("capsulectl")
+    if not beside.exists() or (found is not None and Path(found).samefile(beside)):
+        return "capsulectl"
+    return shlex.quote(str(beside))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     for exec_id in exec_ids:
-        pid = start_sleep(args.sleep_s)
-        command = f"sleep {args.sleep_s}  # {exec_id.rsplit('_', 1)[-1]}"
+        if exec_id.endswith("_build"):
+            command = f"sleep {args.sleep_s} & (sleep {args.sleep_s} &); wait"
+            pid = start(["sh", "-c", command])
+        else:
+            command = f"sleep {args.sleep_s}"
+            pid = start_sleep(args.sleep_s)
         receipts.append(("exec", pid, write_exec_receipt(home, exec_id, pid, command=command)))
         trace.shell_detached(exec_id, "sleep", command, task_id=task_id)
 
@@ -98,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     for kind, pid, path in receipts:
         print(f"started:  {kind:<15} pid {pid:<7} receipt {path.relative_to(home)}")
     print()
-    print("See it:   capsulectl sessions")
-    print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `capsulectl watch`)")
+    ctl = capsulectl()
+    print(f"See it:   {ctl} sessions")
+    print(f"Kill one: kill {receipts[-1][1]}   (it leaves at once: see `{ctl} watch`)")
     print(f"Kill all: kill {' '.join(str(pid) for _, pid, _ in receipts)}")
-    print(f"Resume:   capsulectl reconcile {session_id} --as ses_resumed --context {context_id}")
+    print(f"Stop all: {ctl} terminate {session_id}   (the shell's sleeps too)")
+    print(f"Resume:   {ctl} reconcile {session_id} --as ses_resumed --context {context_id}")
     return 0
 
 

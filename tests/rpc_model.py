@@ -135,13 +135,18 @@ def snapshot_params(params: Any) -> str | None:
             "max_age_ms": lambda v: _int_in(v, 0, 3_600_000),
             "since": lambda v: _int_in(v, 0, None),
             "usage": lambda v: isinstance(v, bool),
+            "commands": lambda v: isinstance(v, bool),
         },
         (),
     )
 
 
 def subscribe_params(params: Any) -> str | None:
-    return _named(params, {"since": lambda v: _int_in(v, 0, None)}, ())
+    return _named(
+        params,
+        {"since": lambda v: _int_in(v, 0, None), "commands": lambda v: isinstance(v, bool)},
+        (),
+    )
 
 
 def unsubscribe_params(params: Any) -> str | None:
@@ -183,6 +188,7 @@ def terminate_params(params: Any) -> str | None:
             "session_id": _name,
             "signal": lambda v: v in ("TERM", "INT", "HUP", "KILL"),
             "grace_ms": lambda v: _int_in(v, 0, 3_600_000),
+            "commands": lambda v: isinstance(v, bool),
         },
         ("session_id",),
     )

@@ -164,9 +164,9 @@ DEMO = Path(__file__).parents[1] / "examples" / "demo_runtime.py"
 def demo_session(home: Path) -> Iterator[tuple[str, list[int]]]:
     """Run examples/demo_runtime.py on ``home``; yield what it printed and its pids.
 
-    The demo leaves its session's processes running (``sleep 60``, pids in the
-    order of its "Kill all:" line); they are killed on the way out, whatever
-    the test did.
+    The demo leaves its session's processes running (``sleep 60``, and a shell
+    with two; pids in the order of its "Kill all:" line); their process groups
+    are killed on the way out, whatever the test did.
     """
     result = subprocess.run(
         [sys.executable, DEMO, "--home", str(home), "--sleep-s", "60"],
@@ -181,8 +181,8 @@ def demo_session(home: Path) -> Iterator[tuple[str, list[int]]]:
     try:
         yield result.stdout, pids
     finally:
-        for pid in pids:
+        for pid in pids:  # each leads its own process group: the shell's sleeps go with it
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

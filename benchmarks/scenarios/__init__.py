@@ -10,6 +10,7 @@ from benchmarks.harness import Scenario
 
 from . import (
     coldstart,
+    commands,
     descendants,
     events,
     fresh,
@@ -178,6 +179,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         baseline="the benchmark's own os.kill + waitpid of 100 sleeps",
         targets=("terminate of a 100-process session, all exiting on TERM: p50 / p99",),
         run=terminate.run,
+    ),
+    Scenario(
+        number=17,
+        title="sessions.snapshot with and without commands: true, 100 live among 10k receipts",
+        baseline="the same daemon's plain answer (encoded once per observation)",
+        targets=(
+            "snapshot p50 with and without commands at 10,000 receipts, 100 live",
+            "p99 <= 2 ms with commands",
+            "the answer without commands is the answer with them less `command`",
+        ),
+        run=commands.run,
     ),
 )
 

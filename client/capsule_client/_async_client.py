@@ -91,10 +91,13 @@ class AsyncClient:
         since: int | None = None,
         usage: bool = False,
         fresh: bool = False,
+        commands: bool = False,
     ) -> ActiveSessionsSnapshot:
         """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
 
         Args:
+            commands: each process carries ``command``, its argv as the OS
+                says it (``None`` where it does not), docs/design.md §5.
             fresh: read-your-writes: the answer reflects every receipt, store
                 row and process exit completed before the call (``max_age_ms=0``:
                 the daemon waits for its watch's barrier, then observes).
@@ -102,9 +105,11 @@ class AsyncClient:
         Raises:
             ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
         """
-        return await self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh))
+        return await self._call(
+            _core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh, commands)
+        )
 
-    def subscribe(self, *, since: int | None = None) -> AsyncSubscription:
+    def subscribe(self, *, since: int | None = None, commands: bool = False) -> AsyncSubscription:
         """``sessions.subscribe``: an async iterator of the answer's changes.
 
         >>> async with client.subscribe() as changes:   # doctest: +SKIP
@@ -114,7 +119,7 @@ class AsyncClient:
         The subscription uses this client's connection: while one task
         iterates, make calls from another client. See :class:`AsyncSubscription`.
         """
-        return AsyncSubscription(self, since)
+        return AsyncSubscription(self, since, commands)
 
     async def reconcile(
         self, from_session: str, this_session: str, context_id: str
@@ -127,10 +132,15 @@ class AsyncClient:
         return await self._call(_core.metrics())
 
     async def terminate(
-        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+        self,
+        session_id: str,
+        *,
+        signal: TerminateSignal = "TERM",
+        grace_s: float = 5.0,
+        commands: bool = False,
     ) -> TerminateReport:
         """``session.terminate`` (docs/design.md §7): as :meth:`Client.terminate`."""
-        return await self._call(_core.terminate(session_id, signal, grace_s))
+        return await self._call(_core.terminate(session_id, signal, grace_s, commands))
 
     async def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""
@@ -244,9 +254,10 @@ class AsyncSubscription:
         ConnectionLost: the daemon went away.
     """
 
-    def __init__(self, client: AsyncClient, since: int | None) -> None:
+    def __init__(self, client: AsyncClient, since: int | None, commands: bool = False) -> None:
         self._client = client
         self._since = since
+        self._commands = commands
         self.id: str | None = None
 
     async def __aenter__(self) -> AsyncSubscription:
@@ -264,7 +275,7 @@ class AsyncSubscription:
 
     async def _start(self) -> str:
         if self.id is None:
-            result = await self._client._call(_core.subscribe(self._since))
+            result = await self._client._call(_core.subscribe(self._since, self._commands))
             self.id = result.subscription
             self._client._core.subscribed(self.id)
         return self.id

@@ -100,10 +100,13 @@ class Client:
         since: int | None = None,
         usage: bool = False,
         fresh: bool = False,
+        commands: bool = False,
     ) -> ActiveSessionsSnapshot:
         """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
 
         Args:
+            commands: each process carries ``command``, its argv as the OS
+                says it (``None`` where it does not), docs/design.md §5.
             fresh: read-your-writes: the answer reflects every receipt, store
                 row and process exit completed before the call (``max_age_ms=0``:
                 the daemon waits for its watch's barrier, then observes).
@@ -111,9 +114,11 @@ class Client:
         Raises:
             ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
         """
-        return self._call(_core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh))
+        return self._call(
+            _core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh, commands)
+        )
 
-    def subscribe(self, *, since: int | None = None) -> Subscription:
+    def subscribe(self, *, since: int | None = None, commands: bool = False) -> Subscription:
         """``sessions.subscribe``: iterate the answer's changes as they happen.
 
         >>> with client.subscribe() as changes:      # doctest: +SKIP
@@ -124,7 +129,7 @@ class Client:
         client's connection, so make calls from another client meanwhile.
         See :class:`Subscription`.
         """
-        return Subscription(self, since)
+        return Subscription(self, since, commands)
 
     def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
         """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
@@ -135,18 +140,24 @@ class Client:
         return self._call(_core.metrics())
 
     def terminate(
-        self, session_id: str, *, signal: TerminateSignal = "TERM", grace_s: float = 5.0
+        self,
+        session_id: str,
+        *,
+        signal: TerminateSignal = "TERM",
+        grace_s: float = 5.0,
+        commands: bool = False,
     ) -> TerminateReport:
         """``session.terminate`` (docs/design.md §7): signal every live process of the
         session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
 
         The call waits the grace out (the client's timeout is raised to cover it).
+        With ``commands``, each process carries its ``command`` (docs/design.md §5).
 
         Raises:
             NoSuchSession: the session is not active in the daemon's fresh observation.
             ValueError: ``grace_s`` is outside [0, 3600].
         """
-        return self._call(_core.terminate(session_id, signal, grace_s))
+        return self._call(_core.terminate(session_id, signal, grace_s, commands))
 
     def rescan(self) -> RescanResult:
         """``reader.rescan``: the next observation walks the home from scratch."""
@@ -293,9 +304,10 @@ class Subscription:
         ConnectionLost: the daemon went away.
     """
 
-    def __init__(self, client: Client, since: int | None) -> None:
+    def __init__(self, client: Client, since: int | None, commands: bool = False) -> None:
         self._client = client
         self._since = since
+        self._commands = commands
         self.id: str | None = None
 
     def __enter__(self) -> Subscription:
@@ -321,7 +333,7 @@ class Subscription:
 
     def _start(self) -> str:
         if self.id is None:
-            result = self._client._call(_core.subscribe(self._since))
+            result = self._client._call(_core.subscribe(self._since, self._commands))
             self.id = result.subscription
             self._client._core.subscribed(self.id)
         return self.id

@@ -117,6 +117,7 @@ def snapshot(
     since: int | None,
     usage: bool = False,
     fresh: bool = False,
+    commands: bool = False,
 ) -> Call[ActiveSessionsSnapshot]:
     if fresh:
         if max_age_ms not in (None, 0):
@@ -129,6 +130,7 @@ def snapshot(
         ("max_age_ms", max_age_ms),
         ("since", since),
         ("usage", usage or None),
+        ("commands", commands or None),
     ):
         if value is not None:
             params[name] = value
@@ -156,18 +158,27 @@ def rescan() -> Call[RescanResult]:
     return Call("reader.rescan", None, RescanResult)
 
 
-def terminate(session_id: str, signal: TerminateSignal, grace_s: float) -> Call[TerminateReport]:
+def terminate(
+    session_id: str, signal: TerminateSignal, grace_s: float, commands: bool = False
+) -> Call[TerminateReport]:
     """``session.terminate``: the client waits out the grace, the kill and an observation."""
     if not 0 <= grace_s <= 3600:
         raise ValueError(f"grace_s must be within [0, 3600] seconds, not {grace_s!r}")
     grace_ms = round(grace_s * 1000)
-    params = {"session_id": session_id, "signal": signal, "grace_ms": grace_ms}
+    params: dict[str, Any] = {"session_id": session_id, "signal": signal, "grace_ms": grace_ms}
+    if commands:
+        params["commands"] = True
     wait_s = grace_ms / 1000 + _TERMINATE_ALLOWANCE_S
     return Call("session.terminate", params, TerminateReport, min_timeout_s=wait_s)
 
 
-def subscribe(since: int | None) -> Call[SubscribeResult]:
-    return Call("sessions.subscribe", None if since is None else {"since": since}, SubscribeResult)
+def subscribe(since: int | None, commands: bool = False) -> Call[SubscribeResult]:
+    params: dict[str, Any] = {}
+    if since is not None:
+        params["since"] = since
+    if commands:
+        params["commands"] = True
+    return Call("sessions.subscribe", params or None, SubscribeResult)
 
 
 def unsubscribe(subscription: str) -> Call[UnsubscribeResult]:

@@ -21,6 +21,7 @@ from ._exceptions import (
     SubscriptionDropped,
 )
 from ._render import JSON_ENCODER, ChangePrinter, quiet_stdout, render_top
+from ._render_tree import terminal_width
 from .protocol import ActiveSessionsSnapshot
 
 __all__ = ["WATCH_RECONNECT_INTERVAL_S", "follow_changes", "follow_top"]
@@ -33,7 +34,7 @@ WATCH_RECONNECT_INTERVAL_S: Final = 0.2
 _RECONNECT_ON: Final = (ConnectionLost, DaemonNotRunning, ShuttingDown, Overloaded)
 
 
-def follow_changes(client: Client, out: TextIO, *, json_lines: bool) -> None:
+def follow_changes(client: Client, out: TextIO, *, json_lines: bool, wide: bool = False) -> None:
     """Print every ``sessions.changed`` notification until interrupted (``capsulectl watch``).
 
     A daemon that goes away after the first answer (a restart, an upgrade)
@@ -44,12 +45,13 @@ def follow_changes(client: Client, out: TextIO, *, json_lines: bool) -> None:
         DaemonNotRunning: no daemon answered the first subscription (exit
             status 3, as for every other command).
     """
-    printer = ChangePrinter(json_lines=json_lines)
+    width = None if wide else terminal_width(out)
+    printer = ChangePrinter(json_lines=json_lines, width=width, wide=wide)
     answered = False
     try:
         while True:
             try:
-                for change in client.subscribe():
+                for change in client.subscribe(commands=True):
                     answered = True
                     out.write(printer.render(change))
                     out.flush()
@@ -82,27 +84,40 @@ def _snapshot_again(client: Client) -> ActiveSessionsSnapshot:
     while True:
         _wait_for_daemon(client)
         try:
-            return client.snapshot(usage=True)
+            return client.snapshot(usage=True, commands=True)
         except _RECONNECT_ON:
             continue
 
 
-def follow_top(client: Client, out: TextIO, *, interval_s: float, once: bool, json: bool) -> None:
+def follow_top(
+    client: Client,
+    out: TextIO,
+    *,
+    interval_s: float,
+    once: bool,
+    json: bool,
+    wide: bool = False,
+) -> None:
     """Print the ``usage: true`` table, again on every change or every ``interval_s``.
 
     ``once``: one table, CPU measured over ``interval_s`` (at most 1 s). A table
     shown on a terminal replaces the previous one; ``json`` prints the snapshot
-    as one JSON document instead.
+    as one JSON document instead. Each row is cut to the terminal's width
+    (``wide``: whole, with the receipts' ids and paths).
     """
     interval_s = max(interval_s, 0.05)
     clear = not once and out.isatty()
     try:
-        snapshot = client.snapshot(usage=True, fresh=once)
+        snapshot = client.snapshot(usage=True, fresh=once, commands=True)
         if once:  # CPU use is measured between two looks; the last one reads your writes
             time.sleep(min(interval_s, 1.0))
-            snapshot = client.snapshot(usage=True, fresh=True)
+            snapshot = client.snapshot(usage=True, fresh=True, commands=True)
         while True:
-            text = JSON_ENCODER.encode(snapshot).decode() if json else render_top(snapshot)
+            if json:
+                text = JSON_ENCODER.encode(snapshot).decode()
+            else:
+                width = None if wide else terminal_width(out)  # the terminal may be resized
+                text = render_top(snapshot, width=width, wide=wide)
             out.write(("\x1b[H\x1b[2J" if clear else "") + text + "\n")
             out.flush()
             if once:
@@ -110,7 +125,10 @@ def follow_top(client: Client, out: TextIO, *, interval_s: float, once: bool, js
             try:
                 # Wakes at once when the answer changes, else after the interval.
                 snapshot = client.snapshot(
-                    usage=True, since=snapshot.generation, timeout_ms=round(interval_s * 1000)
+                    usage=True,
+                    since=snapshot.generation,
+                    timeout_ms=round(interval_s * 1000),
+                    commands=True,
                 )
             except _RECONNECT_ON as exc:
                 # A restart: the new daemon's generations start elsewhere.

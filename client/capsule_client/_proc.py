@@ -3,7 +3,10 @@
 ``/proc/<pid>/stat`` is one line; field 2 is the command name in parentheses,
 which may itself hold spaces and ``)``, so the fields after it are counted
 from the last ``)`` (proc(5)). The fields read here: 3 ``state``, 4 ``ppid``,
-6 ``session`` (the session id), 22 ``starttime`` (clock ticks since boot).
+6 ``session`` (the session id), 22 ``starttime`` (clock ticks since boot);
+and, for the daemon's command lines (:func:`parse_exec_mark`), 2 ``comm``
+and 48-49 ``arg_start`` / ``arg_end`` (where the argv lies in the process's
+memory, which every ``execve`` lays out anew).
 
 A start time in Unix seconds is ``btime + starttime / CLK_TCK``, ``btime``
 being the boot time from ``/proc/stat``: the same arithmetic as psutil's
@@ -23,10 +26,13 @@ from typing import Final, NamedTuple
 
 __all__ = [
     "NOT_LIVE_STATES",
+    "ExecMark",
     "ProcStat",
     "boot_time_s",
+    "parse_exec_mark",
     "parse_stat",
     "read_stat",
+    "read_stat_line",
     "start_time_s",
     "ticks_per_s",
 ]
@@ -36,6 +42,8 @@ NOT_LIVE_STATES: Final = frozenset({"Z", "X", "x"})
 
 #: Fields after the command name up to ``starttime``: ``starttime`` is the 20th of them.
 _START_INDEX: Final = 19
+#: ``arg_start`` (field 48) among the fields after the command name.
+_ARG_START_INDEX: Final = 45
 
 
 class ProcStat(NamedTuple):
@@ -69,6 +77,59 @@ def parse_stat(data: bytes) -> ProcStat:
     return ProcStat(fields[0].decode(), int(fields[1]), int(fields[3]), int(fields[_START_INDEX]))
 
 
+class ExecMark(NamedTuple):
+    """What tells one program of a process from the next: read before and after its argv.
+
+    ``arg_start`` and ``arg_end`` are 0 where the kernel hides them (a process
+    the reader may not ``ptrace``, a kernel before 3.5); ``comm`` then tells
+    most programs apart.
+    """
+
+    #: One letter, as in :class:`ProcStat`.
+    state: str
+    #: When the process started, clock ticks since boot (field 22).
+    start_ticks: int
+    #: The command name (field 2), at most 15 bytes.
+    comm: bytes
+    #: Where its argv starts and ends in its memory (fields 48, 49).
+    arg_start: int
+    arg_end: int
+
+
+def parse_exec_mark(data: bytes) -> ExecMark:
+    """The :class:`ExecMark` of a ``/proc/<pid>/stat`` line.
+
+    Raises:
+        ValueError: ``data`` is not a stat line.
+    """
+    close = data.rindex(b")")
+    comm = data[data.index(b"(") + 1 : close]
+    fields = data[close + 2 :].split()
+    if len(fields) <= _START_INDEX:
+        raise ValueError(f"a /proc stat line has more fields than {len(fields)} after the name")
+    arg_start = arg_end = 0
+    if len(fields) > _ARG_START_INDEX + 1:
+        arg_start, arg_end = int(fields[_ARG_START_INDEX]), int(fields[_ARG_START_INDEX + 1])
+    return ExecMark(fields[0].decode(), int(fields[_START_INDEX]), comm, arg_start, arg_end)
+
+
+def read_stat_line(pid: int) -> bytes:
+    """``/proc/<pid>/stat`` as it is, read with one ``read``.
+
+    Raises:
+        ProcessLookupError: no process ``pid`` (or no ``/proc``).
+        OSError: the file could not be read.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ProcessLookupError(pid, f"no process {pid}") from None
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
 def read_stat(pid: int) -> ProcStat:
     """:func:`parse_stat` of ``/proc/<pid>/stat``, read with one ``read``.
 
@@ -77,15 +138,7 @@ def read_stat(pid: int) -> ProcStat:
         OSError: the file could not be read.
         ValueError: what was read is not a stat line.
     """
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ProcessLookupError(pid, f"no process {pid}") from None
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    return parse_stat(data)
+    return parse_stat(read_stat_line(pid))
 
 
 def boot_time_s() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -18,7 +17,8 @@ from typing import Final, TextIO
 
 import msgspec
 
-from ._render_tree import indent, nested
+from ._render_tree import Row, cut, shown, tree
+from ._text import inert, one_line
 from .protocol import (
     ActiveSessionsSnapshot,
     LostReport,
@@ -177,53 +177,30 @@ def detach_time(detached_at_ms: int) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-#: Characters a terminal would act on (C0, DEL, C1), Unicode line and
-#: paragraph separators, and the bidi marks, embeddings, overrides and
-#: isolates (U+200E-200F, U+202A-202E, U+2066-2069), which rearrange how the
-#: rest of a line reads on screen.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
-_NAMED_ESCAPES: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match[0])
-    return _NAMED_ESCAPES.get(match[0], f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}")
-
-
-def inert(text: str) -> str:
-    """``text`` with control characters (and bidi and line-separator ones) spelt as
-    escapes, so it is one inert line.
-
-    Commands, binaries and file names come from receipts and traces, which a
-    model's output can reach; printed raw, an escape sequence would act on
-    the reader's terminal and a newline would break the table.
-    """
-    return _CONTROL.sub(_escape, text)
-
-
-def one_line(text: str) -> str:
-    """:func:`inert`, with backslashes doubled so that every escape is unambiguous."""
-    return inert(text.replace("\\", "\\\\"))
-
-
 def _age(unix_s: float) -> str:
     return duration(max(time.time() - unix_s, 0.0))
 
 
 def duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
-    if seconds < 86400:
-        return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
-    return f"{seconds // 86400:.0f}d{seconds % 86400 // 3600:02.0f}h"
+    """An age or uptime for people, in whole units cut down as ``ps`` cuts them.
+
+    Every unit is cut, none rounded, so 0.9 s is ``0s`` and 119.7 s is
+    ``1m59s`` (never ``1m60s``), and of two ages the larger never reads less.
+    """
+    whole = int(max(seconds, 0.0))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def _what(process: SessionProcess) -> str:
     """What a process is, for people: its command, or its provider and input."""
-    if isinstance(process.command, str):
-        return process.command
+    if isinstance(process.receipt_command, str):
+        return process.receipt_command
     if isinstance(process.provider, str):
         return process.provider + (
             f" ({process.input_id})" if isinstance(process.input_id, str) else ""
@@ -236,30 +213,73 @@ def _what(process: SessionProcess) -> str:
     return "registered process"
 
 
-def render_sessions(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
+def _ids(process: SessionProcess) -> tuple[str, str]:
+    """The ``--wide`` columns: the receipt's id (exec id, or input id and provider) and path."""
+    if isinstance(process.exec_id, str):
+        ident = process.exec_id
+    elif isinstance(process.input_id, str):
+        provider = f" ({process.provider})" if isinstance(process.provider, str) else ""
+        ident = process.input_id + provider
+    else:
+        ident = "-"
+    receipt = process.receipt if isinstance(process.receipt, str) else "-"
+    return one_line(ident), one_line(receipt)
+
+
+def _command(row: Row) -> str:
+    process = row.process
+    assert isinstance(process, SessionProcess)
+    return shown(row, _what(process))
+
+
+def _aligned(rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -> list[str]:
+    """Rows with every column but the last padded to its widest cell (``right``: numbers)."""
+    count = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(count)]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row[:count], widths, strict=True))
+        ]
+        lines.append("  ".join([*cells, row[count]]).rstrip())
+    return lines
+
+
+def render_sessions(
+    snapshot: ActiveSessionsSnapshot,
+    *,
+    now_s: float | None = None,
+    width: int | None = None,
+    wide: bool = False,
+) -> str:
     """A snapshot as a table for people: sessions and their processes, then the rest.
 
-    Columns: session, kind, pid, age (since the process started), and what
-    it runs (the command, or the provider and input). Then the unowned count,
-    the servers, the discovery state and every gap.
+    Columns: session, kind, pid, age (since the process started), with
+    ``wide`` the receipt's id and path, and the command line (docs/design.md
+    §5; what the receipt says where the daemon gave none), descendants
+    indented under their parents. Each row is cut to ``width`` characters
+    (None, or ``wide``: whole). Then the unowned count, the servers, the discovery state
+    and every gap.
     """
     now = time.time() if now_s is None else now_s
-    rows: list[tuple[str, ...]] = [("SESSION", "KIND", "PID", "AGE", "COMMAND / PROVIDER")]
+    width = None if wide else width
+    head: tuple[str, ...] = ("SESSION", "KIND", "PID", "AGE")
+    rows: list[tuple[str, ...]] = [(*head, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
     for session in snapshot.sessions:
         name = one_line(session.session_id)
         if session.context_id:
             name += f" [{one_line(session.context_id)}]"
-        for depth, process in nested(session.processes):
+        for row in tree(session.processes):
+            process = row.process
+            assert isinstance(process, SessionProcess)
             age = duration(max(now - process.started_at, 0.0))
-            what = indent(depth) + one_line(_what(process))
-            rows.append((name, process.kind, str(process.pid), age, what))
+            ids = _ids(process) if wide else ()
+            rows.append((name, process.kind, str(process.pid), age, *ids, _command(row)))
             name = ""
-    lines = []
+    lines: list[str] = []
     if len(rows) > 1:
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        for row in rows:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-            lines.append("  ".join([*cells, row[4]]).rstrip())
+        lines.extend(cut(line, width) for line in _aligned(rows))
     else:
         lines.append("no active sessions")
     lines.append("")
@@ -280,8 +300,12 @@ class ChangePrinter:
     """``sessions.changed`` notifications as text: one JSON document per line
     (``--json``), or a few lines for people per change."""
 
-    def __init__(self, *, json_lines: bool = False) -> None:
+    def __init__(
+        self, *, json_lines: bool = False, width: int | None = None, wide: bool = False
+    ) -> None:
         self.json_lines = json_lines
+        self.width = None if wide else width
+        self.wide = wide
         self._gaps: list[str] = []
         self._unowned = 0
         self._discovery = ""
@@ -300,8 +324,9 @@ class ChangePrinter:
         else:
             head = f"{clock} generation {change.generation}"
         lines = [head]
-        lines.extend(f"  + {_session_line(session)}" for session in change.added)
-        lines.extend(f"  ~ {_session_line(session)}" for session in change.changed)
+        for mark, sessions in (("+", change.added), ("~", change.changed)):
+            for session in sessions:
+                lines.extend(_session_lines(mark, session, self.wide))
         lines.extend(f"  - {one_line(session_id)}" for session_id in change.removed)
         if change.discovery != self._discovery and not change.full:
             lines.append(f"  discovery {change.discovery}")
@@ -313,23 +338,35 @@ class ChangePrinter:
                 lines.append("  no gaps")
         self._gaps, self._unowned = change.gaps, len(change.unowned)
         self._discovery = change.discovery
-        return "\n".join(lines) + "\n"
+        return "\n".join(cut(line, self.width) for line in lines) + "\n"
 
 
-def _session_line(session: Session) -> str:
+def _session_lines(mark: str, session: Session, wide: bool) -> list[str]:
+    """A session that was added (``+``) or changed (``~``), then its processes as a tree."""
     name = one_line(session.session_id)
     if session.context_id:
         name += f" [{one_line(session.context_id)}]"
-    processes = ", ".join(
-        f"{process.kind} {process.pid} ({one_line(_what(process))})"
-        for process in session.processes
-    )
-    return f"{name}: {processes}"
+    rows: list[tuple[str, ...]] = []
+    for row in tree(session.processes):
+        process = row.process
+        assert isinstance(process, SessionProcess)
+        ids = _ids(process) if wide else ()
+        rows.append(("    ", process.kind, str(process.pid), *ids, _command(row)))
+    return [f"  {mark} {name}", *_aligned(rows)] if rows else [f"  {mark} {name}"]
 
 
-def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) -> str:
-    """A snapshot measured with ``usage: true`` as a table: one row per process."""
+def render_top(
+    snapshot: ActiveSessionsSnapshot,
+    *,
+    now_s: float | None = None,
+    width: int | None = None,
+    wide: bool = False,
+) -> str:
+    """A snapshot measured with ``usage: true`` as a table: one row per process,
+    its command line last (``wide``: the receipt's id and path before it), each
+    row cut to ``width`` characters (None: whole)."""
     now = time.time() if now_s is None else now_s
+    width = None if wide else width
     processes = sum(len(session.processes) for session in snapshot.sessions)
     clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
     head = (
@@ -337,12 +374,15 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
         f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
         f"generation {snapshot.generation}"
     )
-    rows: list[tuple[str, ...]] = [("SESSION", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND")]
+    columns = ("SESSION", "PID", "KIND", "CPU%", "RSS", "AGE")
+    rows: list[tuple[str, ...]] = [(*columns, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
     listed = [(one_line(s.session_id), s.processes) for s in snapshot.sessions]
     if snapshot.unowned:
         listed.append(("(unowned)", snapshot.unowned))
     for name, members in listed:
-        for depth, process in nested(members):
+        for row in tree(members):
+            process = row.process
+            assert isinstance(process, SessionProcess)
             cpu = process.cpu_percent
             rss = process.rss_bytes
             rows.append(
@@ -353,19 +393,13 @@ def render_top(snapshot: ActiveSessionsSnapshot, *, now_s: float | None = None) 
                     "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
                     "-" if isinstance(rss, msgspec.UnsetType) else _bytes(rss),
                     duration(max(now - process.started_at, 0.0)),
-                    indent(depth) + one_line(_what(process)),
+                    *(_ids(process) if wide else ()),
+                    _command(row),
                 )
             )
             name = ""
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    right = {1, 3, 4, 5}
-    lines = [head, ""]
-    for row in rows:
-        cells = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=False))
-        ]
-        lines.append("  ".join([*cells, row[6]]).rstrip())
+    lines = [head, ""]  # only the rows are cut: the heading's generation stays whole
+    lines.extend(cut(line, width) for line in _aligned(rows, frozenset({1, 3, 4, 5})))
     if len(rows) == 1:
         lines.append("no active sessions")
     lines.extend(f"gap: {one_line(gap)}" for gap in snapshot.gaps)

@@ -7,8 +7,9 @@ from typing import TextIO
 
 from . import _core
 from ._client import Client
-from ._render import one_line
-from .protocol import TerminateReport, TerminateSignal
+from ._render_tree import cut, shown, terminal_width, tree, wide_argument
+from ._text import one_line
+from .protocol import TerminatedProcess, TerminateReport, TerminateSignal
 
 __all__ = ["render_terminate", "terminate_arguments", "terminate_command"]
 
@@ -17,8 +18,12 @@ _SIGNALS: tuple[TerminateSignal, ...] = ("TERM", "INT", "HUP", "KILL")
 GRACE_MAX_S = 3600.0
 
 
-def render_terminate(report: TerminateReport) -> str:
-    """A ``session.terminate`` report for people: a heading with the counts, one row per process."""
+def render_terminate(
+    report: TerminateReport, *, width: int | None = None, wide: bool = False
+) -> str:
+    """A ``session.terminate`` report for people: a heading with the counts, one row per
+    process with its command line, descendants under their parents (each row cut to
+    ``width`` characters; None or ``wide``: whole)."""
     session = one_line(report.session_id)
     if not report.processes:
         return f"session {session}: no process to signal"
@@ -33,22 +38,34 @@ def render_terminate(report: TerminateReport) -> str:
         f"session {session}: {count} process{'' if count == 1 else 'es'} in "
         f"{report.duration_ms / 1000:.1f} s: {summary}"
     )
-    rows = [("PID", "KIND", "OUTCOME", "ERROR")]
-    rows.extend(
-        (
-            str(p.pid),
-            p.kind,
-            p.outcome,
-            one_line(p.error) if isinstance(p.error, str) else "",
+    errors = any(isinstance(p.error, str) for p in report.processes)
+    rows = [("PID", "KIND", "OUTCOME", *(("ERROR",) if errors else ()), "COMMAND")]
+    for row in tree(report.processes):
+        listed = row.process
+        assert isinstance(listed, TerminatedProcess)
+        error = (one_line(listed.error) if isinstance(listed.error, str) else "-",)
+        rows.append(
+            (
+                str(listed.pid),
+                listed.kind,
+                listed.outcome,
+                *(error if errors else ()),
+                shown(row),
+            )
         )
-        for p in report.processes
-    )
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    columns = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    limit = None if wide else width
     lines = [
-        "  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]).rstrip()
+        cut(
+            "  ".join(
+                [*(c.ljust(w) for c, w in zip(row[:columns], widths, strict=True)), row[columns]]
+            ).rstrip(),
+            limit,
+        )
         for row in rows
     ]
-    return "\n".join([heading, "", *lines])
+    return "\n".join([cut(heading, limit), "", *lines])
 
 
 def _signal(text: str) -> TerminateSignal:
@@ -81,6 +98,7 @@ def terminate_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="the first signal: TERM, INT, HUP or KILL (default: TERM)",
     )
+    wide_argument(parser)
     parser.add_argument(
         "--grace",
         type=_grace_s,
@@ -93,10 +111,12 @@ def terminate_arguments(parser: argparse.ArgumentParser) -> None:
 def terminate_command(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Run ``capsulectl terminate``; exit status 0 (errors are raised to ``main``)."""
     if args.json:
-        call = _core.terminate(args.session_id, args.signal, args.grace)
+        call = _core.terminate(args.session_id, args.signal, args.grace, commands=True)
         raw = client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)
         out.write(raw.decode() + "\n")
         return 0
-    report = client.terminate(args.session_id, signal=args.signal, grace_s=args.grace)
-    print(render_terminate(report), file=out)
+    report = client.terminate(
+        args.session_id, signal=args.signal, grace_s=args.grace, commands=True
+    )
+    print(render_terminate(report, width=terminal_width(out), wide=args.wide), file=out)
     return 0

@@ -86,7 +86,8 @@ class DiscoveryCost(Struct):
 class SessionProcess(Struct, omit_defaults=True, gc=False):
     """A live process and why it belongs where it is listed.
 
-    Holds only strings and numbers, so it is not tracked by the garbage
+    Holds only strings, numbers and lists of strings (no cycle can run
+    through it), so it is not tracked by the garbage
     collector (``gc=False``): the daemon keeps one per live receipt.
 
     Attributes:
@@ -98,6 +99,13 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
         pid: the process id.
         started_at: the process's start time, Unix seconds, as the receipt
             or the store records it.
+        receipt_command: what an exec receipt says its command is (docs/design.md
+            §3): the runtime's claim, a string, shown as it was written.
+        command: the process's argv as the OS says it (docs/design.md §5
+            "What each process is"), only with ``commands: true``: a list of
+            strings, at most 4 KiB in all, cut with a final ``"…"``; ``None``
+            (JSON ``null``) where the OS does not say (a zombie, a process it
+            hides). Bytes that are not UTF-8 are shown as ``\\xNN``.
         receipt: the receipt's path relative to the home, for receipts.
         parent_pid: a descendant's parent when it was first seen (it keeps
             this value after the parent exits).
@@ -113,10 +121,11 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
     input_id: str | UnsetType = UNSET
     exec_id: str | UnsetType = UNSET
     provider: str | UnsetType = UNSET
-    command: str | UnsetType = UNSET
+    receipt_command: str | UnsetType = UNSET
     receipt: str | UnsetType = UNSET
     parent_pid: int | UnsetType = UNSET
     root_pid: int | UnsetType = UNSET
+    command: list[str] | UnsetType | None = UNSET
     cpu_percent: float | UnsetType = UNSET
     rss_bytes: int | UnsetType = UNSET
 
@@ -204,6 +213,10 @@ class TerminatedProcess(Struct, omit_defaults=True):
             daemon or its parent).
         error: why, for ``refused``, and for a process still running after
             ``SIGKILL``.
+        parent_pid: a descendant's parent, as in :class:`SessionProcess`.
+        root_pid: the receipt's or owned process a descendant descends from.
+        command: its argv as the OS said it, only with ``commands: true``
+            (as in :class:`SessionProcess`).
     """
 
     pid: int
@@ -211,6 +224,9 @@ class TerminatedProcess(Struct, omit_defaults=True):
     kind: ProcessKind
     outcome: TerminateOutcome
     error: str | UnsetType = UNSET
+    parent_pid: int | UnsetType = UNSET
+    root_pid: int | UnsetType = UNSET
+    command: list[str] | UnsetType | None = UNSET
 
 
 class TerminateReport(Struct):
@@ -234,7 +250,9 @@ class StatusTotals(Struct):
 
     Attributes:
         reconciles: ``session.reconcile`` calls that finished (lost work or not).
-        lost_reports_trusted: of them, reports whose provenance is ``trusted``.
+        lost_reports_trusted: of them, reports whose provenance is ``trusted``
+            (these and the three below count a report once: a retry that gets
+            the same report again does not count it again).
         lost_reports_untrusted: reports whose provenance is ``untrusted``.
         lost_works_trusted: lost works listed by the trusted reports.
         lost_works_untrusted: lost works listed by the untrusted reports.

@@ -23,6 +23,7 @@ from ._exceptions import CapsuleError, DaemonNotRunning, RemoteError
 from ._follow import follow_changes, follow_top
 from ._render import print_json, quiet_stdout, render_reconcile, render_sessions, render_status
 from ._render_terminate import terminate_arguments, terminate_command
+from ._render_tree import terminal_width, wide_argument
 from .paths import MAX_SOCKET_PATH_BYTES, default_socket, lock_path_for
 
 __all__ = ["main"]
@@ -76,9 +77,12 @@ def _reconcile(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 def _sessions(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     # Read-your-writes: a runtime that just wrote a receipt sees it here.
     if args.json:
-        print_json(out, client.call_raw("sessions.snapshot", {"max_age_ms": 0}))
+        params = {"max_age_ms": 0, "commands": True}
+        print_json(out, client.call_raw("sessions.snapshot", params))
         return EXIT_OK
-    print(render_sessions(client.snapshot(fresh=True)), file=out)
+    snapshot = client.snapshot(fresh=True, commands=True)
+    width = None if args.wide else terminal_width(out)
+    print(render_sessions(snapshot, width=width, wide=args.wide), file=out)
     return EXIT_OK
 
 
@@ -92,12 +96,14 @@ def _rescan(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _watch(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    follow_changes(client, out, json_lines=args.json)
+    follow_changes(client, out, json_lines=args.json, wide=args.wide)
     return EXIT_OK
 
 
 def _top(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    follow_top(client, out, interval_s=args.interval, once=args.once, json=args.json)
+    follow_top(
+        client, out, interval_s=args.interval, once=args.once, json=args.json, wide=args.wide
+    )
     return EXIT_OK
 
 
@@ -125,6 +131,7 @@ def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _top_arguments(parser: argparse.ArgumentParser) -> None:
+    wide_argument(parser)
     parser.add_argument(
         "--interval",
         metavar="S",
@@ -146,7 +153,9 @@ COMMANDS: Final[dict[str, Subcommand]] = {
     "ping": Subcommand(_ping, "check that the daemon answers"),
     "status": Subcommand(_status, "the daemon's state, watcher, last observation and counters"),
     "sessions": Subcommand(
-        _sessions, "active sessions with their live processes, unowned count and gaps"
+        _sessions,
+        "active sessions with their live processes' command lines, unowned count and gaps",
+        wide_argument,
     ),
     "rescan": Subcommand(_rescan, "make the next observation walk the home from scratch"),
     "metrics": Subcommand(
@@ -156,6 +165,7 @@ COMMANDS: Final[dict[str, Subcommand]] = {
         _watch,
         "print changes of the active sessions as they happen, until interrupted "
         "(--json: one sessions.changed document per line)",
+        wide_argument,
     ),
     "top": Subcommand(
         _top,

@@ -226,6 +226,8 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
             current one differs, else wait up to ``timeout_ms`` (long poll).
         usage: add each listed process's ``cpu_percent`` and ``rss_bytes``,
             measured by the daemon when it answers (``capsulectl top``).
+        commands: add each listed process's ``command``, its argv as the OS
+            says it (docs/design.md §5 "What each process is").
     """
 
     task: str | None = None
@@ -233,6 +235,7 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
     max_age_ms: NonNegativeMs | None = None
     since: Annotated[int, Meta(ge=0)] | None = None
     usage: bool = False
+    commands: bool = False
 
 
 class SubscribeParams(Struct, forbid_unknown_fields=True):
@@ -243,9 +246,12 @@ class SubscribeParams(Struct, forbid_unknown_fields=True):
             one, the first notification is the next change; otherwise (and
             without it) the first notification is the full answer
             (``full: true``).
+        commands: every process the notifications list carries its
+            ``command`` (docs/design.md §5 "What each process is").
     """
 
     since: Annotated[int, Meta(ge=0)] | None = None
+    commands: bool = False
 
 
 SubscriptionId = Annotated[str, Meta(min_length=1, max_length=128)]
@@ -280,11 +286,14 @@ class TerminateParams(Struct, forbid_unknown_fields=True):
         signal: sent first to every live process of the session.
         grace_ms: how long the processes have to exit before ``SIGKILL``
             (none is sent when ``signal`` is ``KILL``).
+        commands: every process of the report carries its ``command``, as
+            read before the first signal (docs/design.md §5 "What each process is").
     """
 
     session_id: SessionName
     signal: TerminateSignal = "TERM"
     grace_ms: NonNegativeMs = 5000
+    commands: bool = False
 
 
 #: Params type of each method; a method not listed here does not exist.

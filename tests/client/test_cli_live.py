@@ -18,7 +18,7 @@ NOW = 1_800_000_000.0
 
 def process(pid: int, **usage: object) -> SessionProcess:
     return SessionProcess(
-        kind="exec", pid=pid, started_at=int(NOW) - 90, command=f"job {pid}", **usage
+        kind="exec", pid=pid, started_at=int(NOW) - 90, command=["job", str(pid)], **usage
     )  # type: ignore[arg-type]
 
 
@@ -45,7 +45,7 @@ def test_watch_prints_each_change_as_a_few_lines() -> None:
         change(4, full=True, added=[Session("ses_a", "ctx", [process(10)])]), now_s=NOW
     )
     assert "generation 4: 1 active session, discovery ready" in full
-    assert "+ ses_a [ctx]: exec 10 (job 10)" in full
+    assert full.splitlines()[1:3] == ["  + ses_a [ctx]", "      exec  10  job 10"]
     later = printer.render(
         change(5, removed=["ses_a"], gaps=["a gap"], discovery="unavailable"), now_s=NOW
     )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 
 import msgspec
+import pytest
 
-from capsule_client._render import render_reconcile, render_sessions
+from capsule_client._render import duration, render_reconcile, render_sessions
 from capsule_client.protocol import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
@@ -32,8 +33,10 @@ HOSTILE = f"make{ESC}[2J{C1_CSI}31m\x07 test\r\nrm -rf /\t\x00end"
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # everything but the table's own \n
 
 
-def snapshot() -> ActiveSessionsSnapshot:
-    process = SessionProcess(kind="exec", pid=4242, started_at=0, command=HOSTILE)
+def snapshot(receipt_only: bool = False) -> ActiveSessionsSnapshot:
+    process = SessionProcess(kind="exec", pid=4242, started_at=0, receipt_command=HOSTILE)
+    if not receipt_only:
+        process.command = ["sh", "-c", HOSTILE]
     return ActiveSessionsSnapshot(
         home="/home/u/.local/state/capsule",
         observed_at=0.0,
@@ -48,8 +51,9 @@ def snapshot() -> ActiveSessionsSnapshot:
     )
 
 
-def test_the_sessions_table_escapes_control_characters() -> None:
-    text = render_sessions(snapshot(), now_s=10.0)
+@pytest.mark.parametrize("receipt_only", [False, True], ids=["argv", "receipt"])
+def test_the_sessions_table_escapes_control_characters(receipt_only: bool) -> None:
+    text = render_sessions(snapshot(receipt_only), now_s=10.0)
     assert not CONTROL.search(text), repr(text)
     lines = text.splitlines()
     [row] = [line for line in lines if "4242" in line]
@@ -96,7 +100,7 @@ def test_plain_text_and_backslashes_read_as_before() -> None:
 def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
     """U+202E turns the rest of a line around on the screen ("gnp.exe" reads "exe.png")."""
     tricky = "a\u202egnp.exe\u2066b\u2028c\u2029d\u200fe"
-    process = SessionProcess(kind="exec", pid=4242, started_at=0, command=tricky)
+    process = SessionProcess(kind="exec", pid=4242, started_at=0, command=[tricky])
     shown = render_sessions(
         msgspec.structs.replace(
             snapshot(), sessions=[Session(session_id="ses_b", context_id=None, processes=[process])]
@@ -104,7 +108,7 @@ def test_bidi_overrides_and_unicode_line_breaks_are_spelt_as_escapes() -> None:
         now_s=10.0,
     )
     [row] = [line for line in shown.splitlines() if "4242" in line]
-    assert row.endswith("a\\u202egnp.exe\\u2066b\\u2028c\\u2029d\\u200fe"), row
+    assert row.endswith("'a\\u202egnp.exe\\u2066b\\u2028c\\u2029d\\u200fe'"), row
 
 
 def test_the_table_and_the_report_text_show_a_detach_time_alike() -> None:
@@ -146,31 +150,82 @@ def snapshot_of(**fields: object) -> ActiveSessionsSnapshot:
     return ActiveSessionsSnapshot(**values)  # type: ignore[arg-type]
 
 
-def test_sessions_table_lists_processes_under_their_session() -> None:
-    table = render_sessions(
-        snapshot_of(
-            sessions=[
-                Session(
-                    "ses_a",
-                    "ctx_a",
-                    [
-                        SessionProcess("exec", 10, int(NOW) - 75, exec_id="e", command="make"),
-                        SessionProcess(
-                            "provider_client", 11, int(NOW) - 4000, input_id="inp_x", provider="oc"
-                        ),
-                    ],
-                ),
-                Session("ses_b", None, [SessionProcess("process", 12, int(NOW))]),
-            ],
-            unowned=[SessionProcess("exec", 13, int(NOW), exec_id="stray")],
-            servers=[ServerEntry(14, url="http://127.0.0.1:4096")],
-            gaps=["/h/runs/x: not a regular file"],
-        ),
-        now_s=NOW,
+def layout_snapshot() -> ActiveSessionsSnapshot:
+    return snapshot_of(
+        sessions=[
+            Session(
+                "ses_a",
+                "ctx_a",
+                [
+                    SessionProcess(
+                        "exec",
+                        10,
+                        int(NOW) - 75,
+                        exec_id="exe_build",
+                        receipt_command="make",
+                        receipt="runtime/exec-processes/exe_build.json",
+                        command=["sh", "-c", "npm run dev & (tsc --watch &)"],
+                    ),
+                    SessionProcess(
+                        "provider_client",
+                        11,
+                        int(NOW) - 4000,
+                        input_id="inp_x",
+                        provider="oc",
+                        receipt="runs/r/inp_x/provider-clients/c.json",
+                        command=None,
+                    ),
+                    SessionProcess(
+                        "descendant",
+                        20,
+                        int(NOW) - 70,
+                        parent_pid=10,
+                        root_pid=10,
+                        command=["npm", "run", "dev"],
+                    ),
+                    SessionProcess(
+                        "descendant",
+                        21,
+                        int(NOW) - 69,
+                        parent_pid=20,
+                        root_pid=10,
+                        command=["node", "server.js", "--port", "3000"],
+                    ),
+                    SessionProcess(
+                        "descendant",
+                        23,
+                        int(NOW) - 70,
+                        parent_pid=1,
+                        root_pid=10,
+                        command=["sleep", "60"],
+                    ),
+                    SessionProcess(
+                        "descendant",
+                        22,
+                        int(NOW) - 70,
+                        parent_pid=19,
+                        root_pid=10,
+                        command=["tsc", "--watch"],
+                    ),
+                ],
+            ),
+            Session("ses_b", None, [SessionProcess("process", 12, int(NOW))]),
+        ],
+        unowned=[SessionProcess("exec", 13, int(NOW), exec_id="stray")],
+        servers=[ServerEntry(14, url="http://127.0.0.1:4096")],
+        gaps=["/h/runs/x: not a regular file"],
     )
+
+
+def test_sessions_table_lists_command_lines_as_a_tree() -> None:
+    table = render_sessions(layout_snapshot(), now_s=NOW)
     assert table.splitlines() == [
-        "SESSION        KIND             PID  AGE    COMMAND / PROVIDER",
-        "ses_a [ctx_a]  exec             10   1m15s  make",
+        "SESSION        KIND             PID  AGE    COMMAND",
+        "ses_a [ctx_a]  exec             10   1m15s  sh -c 'npm run dev & (tsc --watch &)'",
+        "               descendant       20   1m10s   \\_ npm run dev",
+        "               descendant       21   1m09s      \\_ node server.js --port 3000",
+        "               descendant       23   1m10s   \\_ [parent exited] sleep 60",
+        "               descendant       22   1m10s   \\_ [parent 19 exited] tsc --watch",
         "               provider_client  11   1h06m  oc (inp_x)",
         "ses_b          process          12   0s     registered process",
         "",
@@ -181,6 +236,18 @@ def test_sessions_table_lists_processes_under_their_session() -> None:
     ]
 
 
+def test_sessions_table_is_cut_to_the_width_and_whole_when_wide() -> None:
+    table = render_sessions(layout_snapshot(), now_s=NOW, width=60).splitlines()
+    assert table[1] == "ses_a [ctx_a]  exec             10   1m15s  sh -c 'npm run …"
+    assert all(len(line) <= 60 for line in table)
+    assert table[-1] == "gap:       /h/runs/x: not a regular file"  # only the rows are cut
+    wide = render_sessions(layout_snapshot(), now_s=NOW, width=60, wide=True).splitlines()
+    assert wide[0].split() == ["SESSION", "KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
+    assert wide[1].split()[5:8] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
+    assert wide[1].endswith("sh -c 'npm run dev & (tsc --watch &)'")
+    assert "inp_x (oc)" in wide[6] and "runs/r/inp_x/provider-clients/c.json" in wide[6]
+
+
 def test_an_empty_scanning_snapshot_says_so() -> None:
     table = render_sessions(
         snapshot_of(discovery="scanning", gaps=["session discovery is catching up"]), now_s=NOW
@@ -189,3 +256,19 @@ def test_an_empty_scanning_snapshot_says_so() -> None:
     assert "unowned:   0 live receipts nobody owns" in table
     assert "discovery: scanning (generation 7" in table
     assert table.endswith("gap:       session discovery is catching up")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0.3, "0s"), (0.99, "0s"), (1.5, "1s"), (59.99, "59s"), (119.7, "1m59s"), (3599.9, "59m59s")],
+)
+def test_ages_are_cut_to_whole_units_never_rounded_up(seconds: float, shown: str) -> None:
+    assert duration(seconds) == shown
+
+
+def test_a_descendant_never_reads_older_than_its_parent() -> None:
+    """Ages are cut alike (docs/design.md §7): a later start never shows a larger age."""
+    starts = [NOW - 0.3, NOW - 0.6, NOW - 61.4, NOW - 61.6]
+    ages = [duration(NOW - round(start)) for start in starts]
+    seconds = [int(age.removesuffix("s").split("m")[-1]) + 60 * ("m" in age) for age in ages]
+    assert seconds == sorted(seconds)

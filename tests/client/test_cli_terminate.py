@@ -35,10 +35,31 @@ CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")
 REPORT = TerminateReport(
     session_id="ses_a",
     processes=[
-        TerminatedProcess(pid=10, started_at=100, kind="process", outcome="exited"),
-        TerminatedProcess(pid=11, started_at=101, kind="descendant", outcome="killed"),
         TerminatedProcess(
-            pid=12, started_at=102, kind="descendant", outcome="refused", error="not permitted"
+            pid=10,
+            started_at=100,
+            kind="process",
+            outcome="exited",
+            command=["sh", "-c", "sleep 9 &"],
+        ),
+        TerminatedProcess(
+            pid=11,
+            started_at=101,
+            kind="descendant",
+            outcome="killed",
+            parent_pid=10,
+            root_pid=10,
+            command=["sleep", "9"],
+        ),
+        TerminatedProcess(
+            pid=12,
+            started_at=102,
+            kind="descendant",
+            outcome="refused",
+            error="not permitted",
+            parent_pid=77,
+            root_pid=10,
+            command=["python", "-m", "http.server"],
         ),
     ],
     duration_ms=5012,
@@ -127,9 +148,17 @@ def test_capsulectl_terminate_prints_a_table_and_json_as_it_came(canned: CannedD
     assert main([*argv, str(canned.path)], out=out) == 0
     lines = out.getvalue().splitlines()
     assert lines[0] == "session ses_a: 3 processes in 5.0 s: 1 exited, 1 killed, 1 refused"
-    assert lines[2].split() == ["PID", "KIND", "OUTCOME", "ERROR"]
-    assert lines[5].split() == ["12", "descendant", "refused", "not", "permitted"]
-    assert canned.requests[-1]["params"] == {"session_id": "ses_a", "signal": "KILL", "grace_ms": 0}
+    assert lines[2].split() == ["PID", "KIND", "OUTCOME", "ERROR", "COMMAND"]
+    assert lines[3].endswith("exited   -              sh -c 'sleep 9 &'")
+    assert lines[4].split() == ["11", "descendant", "killed", "-", "\\_", "sleep", "9"]
+    assert lines[5].split()[:5] == ["12", "descendant", "refused", "not", "permitted"]
+    assert lines[5].endswith(" \\_ [parent 77 exited] python -m http.server")
+    assert canned.requests[-1]["params"] == {
+        "session_id": "ses_a",
+        "signal": "KILL",
+        "grace_ms": 0,
+        "commands": True,
+    }
     out = io.StringIO()
     assert main(["terminate", "ses_a", "--json", "--socket", str(canned.path)], out=out) == 0
     assert msgspec.json.decode(out.getvalue(), type=TerminateReport) == REPORT
@@ -161,7 +190,7 @@ def test_the_terminate_table_escapes_control_characters() -> None:
 
 def process(pid: int, kind: str = "descendant", parent: int = 0, root: int = 0) -> SessionProcess:
     if kind != "descendant":
-        return SessionProcess(kind=kind, pid=pid, started_at=0, command=f"cmd{pid}")  # type: ignore[arg-type]
+        return SessionProcess(kind=kind, pid=pid, started_at=0, receipt_command=f"cmd{pid}")  # type: ignore[arg-type]
     return SessionProcess(
         kind="descendant", pid=pid, started_at=0, parent_pid=parent, root_pid=root
     )
@@ -174,7 +203,7 @@ def test_descendants_are_placed_under_their_parents_and_roots() -> None:
         process(20, parent=5, root=5),
         process(21, parent=20, root=5),
         process(22, parent=999, root=9),  # its parent exited: under its root
-        process(23, parent=998, root=997),  # its root exited too: last
+        process(23, parent=998, root=997),  # its root exited too: last, under nothing
     ]
     assert [(depth, p.pid) for depth, p in nested(processes)] == [
         (0, 5),
@@ -182,7 +211,7 @@ def test_descendants_are_placed_under_their_parents_and_roots() -> None:
         (2, 21),
         (0, 9),
         (1, 22),
-        (1, 23),
+        (0, 23),
     ]
 
 

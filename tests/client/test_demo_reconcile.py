@@ -15,7 +15,7 @@ def test_the_demo_session_reconciles_to_its_two_detached_execs(tmp_path: Path) -
     home = tmp_path / "home"
     with demo_session(home) as (printed, _):
         resume = re.search(
-            r"^Resume:   capsulectl reconcile (ses_demo_\w+) --as ses_resumed --context (\S+)$",
+            r"^Resume:   \S*capsulectl reconcile (ses_demo_\w+) --as ses_resumed --context (\S+)$",
             printed,
             re.MULTILINE,
         )

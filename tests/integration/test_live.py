@@ -301,7 +301,7 @@ def test_a_subscriber_that_does_not_read_is_dropped_and_others_go_on(
 
 def _command(view: View, session_id: str) -> object:
     session = view.sessions.get(session_id)
-    return None if session is None else session.processes[0].command
+    return None if session is None else session.processes[0].receipt_command
 
 
 def _rss(pid: int) -> int:

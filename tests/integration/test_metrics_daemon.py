@@ -216,7 +216,8 @@ def test_every_family_of_metrics_matches_the_daemons_own_counters(
     scrape = Scrape(parse_openmetrics(text))
     check_against_status(scrape, status, snapshot, daemon.pid)
     assert status.totals.reconciles == 2
-    assert status.totals.lost_works_trusted == 6  # each report lists the three works
+    assert status.totals.lost_works_trusted == 3  # the retry got the same report: counted once
+    assert status.totals.lost_reports_trusted == 1
     assert scrape.value("capsuled_requests_total", method="other", outcome="-32601") == 1
     assert scrape.value("capsuled_subscriptions") == 1
     assert scrape.by("capsuled_session_processes", "kind")["exec"] == 1

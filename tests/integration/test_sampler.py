@@ -46,3 +46,26 @@ def test_without_a_watch_observations_follow_the_sample_interval(short_dir: Path
         status = client.status()
         assert status.last_observed_at is not None
         assert time.time() - status.last_observed_at < 2.0
+
+
+def test_a_plain_snapshot_is_the_latest_answer_however_old_while_events_keep_it(
+    short_dir: Path,
+) -> None:
+    """Without ``max_age_ms`` the answer events keep current serves at any age: its
+    ``observed_at`` is older than the sample interval (docs/design.md §7)."""
+    home = short_dir / "home"
+    home.mkdir(mode=0o700)
+    args = ["--sample-interval", "0.1"]
+    with (
+        DaemonProcess(home, short_dir / "s.sock", args=args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        first = client.snapshot()
+        assert first.discovery == "ready"
+        assert client.status().watch.mode == "native"
+        # Five sample intervals pass, as the daemon's clock says.
+        wait_until(lambda: time.time() - first.observed_at > 0.5, message="0.5 s to pass")
+        later = client.snapshot()
+        assert (later.observed_at, later.generation) == (first.observed_at, first.generation)
+        # With max_age_ms the same request observes again.
+        assert client.snapshot(max_age_ms=100).observed_at > first.observed_at

@@ -347,8 +347,8 @@ def test_capsulectl_terminate_prints_the_table_the_wire_result_and_exit_codes(
     assert capsulectl(["terminate", "ses_cli_a", "--grace", "1", *socket], out=out) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("session ses_cli_a: 1 process in ") and lines[0].endswith("1 exited")
-    assert lines[2].split() == ["PID", "KIND", "OUTCOME", "ERROR"]
-    assert lines[3].split() == [str(first.pid), "process", "exited"]
+    assert lines[2].split() == ["PID", "KIND", "OUTCOME", "COMMAND"]
+    assert lines[3].split() == [str(first.pid), "process", "exited", "sleep", "300"]
     assert first.wait(timeout=DEADLINE_S) == -signal.SIGTERM
 
     out = io.StringIO()
@@ -361,6 +361,7 @@ def test_capsulectl_terminate_prints_the_table_the_wire_result_and_exit_codes(
             "started_at": wire["processes"][0]["started_at"],
             "kind": "process",
             "outcome": "exited",
+            "command": ["sleep", "300"],
         }
     ]
     assert msgspec.json.decode(out.getvalue(), type=TerminateReport).session_id == "ses_cli_b"

@@ -110,25 +110,25 @@ def test_reconciles_and_terminations_are_counted_by_trust_and_outcome() -> None:
     totals = StatusTotals()
     work = LostWork(work_id="wrk_1", binary="/bin/sh", command="sleep 9", detached_at_ms=1)
     for trust, works in (("trusted", 2), ("untrusted", 1)):
-        count_reconcile(
-            totals,
-            LostReport(
-                started_in_session="ses_a",
-                lost=[work] * works,
-                context_id="ctx",
-                provenance=Provenance(origin="completion", trust=trust),  # type: ignore[arg-type]
-                task_id="tsk",
-                message="lost",
-            ),
+        report = LostReport(
+            started_in_session="ses_a",
+            lost=[work] * works,
+            context_id="ctx",
+            provenance=Provenance(origin="completion", trust=trust),  # type: ignore[arg-type]
+            task_id="tsk",
+            message="lost",
         )
-    count_reconcile(totals, None)
+        count_reconcile(totals, report, True)
+        # The same report again, for a retry: a reconcile, not more lost work.
+        count_reconcile(totals, report, False)
+    count_reconcile(totals, None, False)
     count_terminated(totals, ["exited", "exited", "killed", "refused"])
     with pytest.raises(ValueError, match="unknown terminate outcome"):
         count_terminated(totals, ["vanished"])
     got = samples(
         exposition(DaemonCollector(lambda: status(totals), lambda: None, RequestMetrics()))
     )
-    assert got[("capsuled_reconciles_total", ())] == 3
+    assert got[("capsuled_reconciles_total", ())] == 5
     assert got[("capsuled_lost_reports_total", (("trust", "trusted"),))] == 1
     assert got[("capsuled_lost_works_total", (("trust", "trusted"),))] == 2
     assert got[("capsuled_lost_works_total", (("trust", "untrusted"),))] == 1

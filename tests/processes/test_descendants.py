@@ -73,7 +73,7 @@ def trees() -> Iterator[Trees]:
 def root_key(pid: int) -> tuple[int, int]:
     stat = proc_stat(pid)
     assert stat is not None
-    return pid, int(Clock().seconds(stat.start_ticks))
+    return pid, round(Clock().seconds(stat.start_ticks))
 
 
 def children_of(pid: int) -> list[int]:

@@ -97,7 +97,7 @@ def test_receipts_and_store_project_into_sessions(world: World) -> None:
     )
     assert provider.receipt == "runs/run1/inp_a/provider-clients/c1.json"
     assert ses_b.context_id == "ctx_b"
-    assert [(p.kind, p.pid, p.exec_id, p.command) for p in ses_b.processes] == [
+    assert [(p.kind, p.pid, p.exec_id, p.receipt_command) for p in ses_b.processes] == [
         ("exec", tool.pid, "exe_1", "make test")
     ]
     assert [(p.kind, p.pid, p.exec_id) for p in snapshot.unowned] == [

@@ -92,6 +92,34 @@ async def test_nesting_within_the_limit_is_decoded() -> None:
 
 
 @pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"named","params":{"name":"\\ud800"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"named","params":{"name":"\\uDBFFx"}}',
+        b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}',
+        b'"\\\\\\ud800"',  # an escaped backslash, then the escape
+        b'["\\ud800"]',
+    ],
+    ids=["params", "params-upper", "id", "after-backslash", "batch"],
+)
+async def test_an_unpaired_surrogate_escape_is_named_in_the_parse_error(line: bytes) -> None:
+    """Kind: msgspec said "Input data was truncated" of a whole line with a lone ``\\ud800``."""
+    reply = await answer(line)
+    assert reply["error"]["code"] == -32700 and reply["id"] is None
+    message = reply["error"]["message"]
+    assert "unpaired UTF-16 surrogate escape \\u" in message, message
+    assert "truncated" not in message
+
+
+async def test_a_truncated_line_and_an_escaped_backslash_keep_their_own_errors() -> None:
+    truncated = await answer(b'{"jsonrpc":"2.0","id":1,"method":"ping"')
+    assert truncated["error"]["message"] == "parse error: Input data was truncated"
+    # "\\ud800" is a backslash and the text ud800, not an escape: a valid name.
+    reply = await answer(b'{"jsonrpc":"2.0","id":1,"method":"named","params":{"name":"\\\\ud800"}}')
+    assert reply["result"] == "\\ud800"
+
+
+@pytest.mark.parametrize(
     "id", [b"1e400", b"-1e400", b"123456789012345678901234567890123", b"-0.0e-999", b"1E+999999"]
 )
 async def test_any_json_number_is_an_id_and_is_echoed_exactly(id: bytes) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client.registry import CollectorRegistry
 
 from capsule_client.paths import default_home, default_socket
+from capsuled.metrics.collector import TEXTFILE_MIN_INTERVAL_S, TextfileWriter
 from capsuled.service.config import ConfigError, build_parser, parse_args
 
 
@@ -104,3 +106,8 @@ def test_help_names_the_metrics_textfile_variable(capsys: pytest.CaptureFixture[
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--metrics-textfile PATH" in help_text
     assert "[$CAPSULED_METRICS_TEXTFILE]" in help_text
+    # The interval the help gives is the writer's own (docs/design.md §8: 2 s).
+    assert "at most every 2 s" in help_text
+    assert TEXTFILE_MIN_INTERVAL_S == 2.0
+    writer = TextfileWriter(Path("m.prom"), CollectorRegistry())
+    assert writer.min_interval_s == TEXTFILE_MIN_INTERVAL_S

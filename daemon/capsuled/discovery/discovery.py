@@ -70,6 +70,7 @@ from capsule_client.protocol import (
 )
 from capsuled.discovery import heap
 from capsuled.errors import InternalError, ShuttingDown
+from capsuled.processes.argv import ArgvCache
 from capsuled.processes.descendants import MAX_TRACKED_PIDFDS, DescendantTracker
 from capsuled.processes.exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from capsuled.processes.looks import DescendantLooks
@@ -104,7 +105,8 @@ class Discovery:
     Args:
         home: the capsule home (docs/design.md §2).
         sample_interval_s: seconds between two sampler observations; also the
-            default ``max_age_ms`` of ``sessions.snapshot``.
+            most age of the answer a ``sessions.snapshot`` without
+            ``max_age_ms`` gets where something can change unannounced.
         totals: the daemon's counters; observations, rescans and reader
             restarts are counted into it.
         changes: the feed the watcher fills; a new one when omitted.
@@ -406,6 +408,11 @@ class Discovery:
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """Answer ``sessions.snapshot`` (:meth:`capsuled.discovery.snapshot.Answers.snapshot`)."""
         return await self._answers.snapshot(params)
+
+    @property
+    def argv(self) -> ArgvCache:
+        """The argv of listed processes, shared by every answer with ``commands``."""
+        return self._answers.argv
 
     async def next_answer(self) -> None:
         """Return once an answer with a new generation is published."""

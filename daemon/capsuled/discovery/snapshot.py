@@ -4,7 +4,8 @@ The latest answer serves when it is young enough for ``max_age_ms`` and
 nothing is pending; otherwise the request shares an observation (single
 flight) retried while ``scanning``, within ``timeout_ms``. ``max_age_ms: 0``
 first awaits the watch's barrier (read-your-writes); ``since`` long-polls
-for another generation; ``usage`` measures the processes for the request.
+for another generation; ``usage`` measures the processes for the request,
+``commands`` names them (their argv, :mod:`capsuled.processes.commands`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import anyio
 import msgspec
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsuled.processes.argv import ArgvCache
+from capsuled.processes.commands import with_commands
 from capsuled.processes.sample import UsageMeter
 from capsuled.processes.usage import with_usage
 
@@ -54,25 +57,28 @@ class Answers:
         self._sync = sync
         self._encoded = EncodedAnswer()
         self._usage = UsageMeter()
+        #: The argv of the processes answers list, for ``commands: true``.
+        self.argv = ArgvCache()
 
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 
         Joined, the parts are the JSON text; they are sent as they are
         (:class:`~capsuled.discovery.encoded_answer.EncodedAnswer`). An answer with ``usage``
-        is measured for its request, so it is encoded for it alone.
+        or ``commands`` is made for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
-        if params.usage:
-            measured = await with_usage(answer, self._usage)
-            return (encoder.encode(msgspec.structs.replace(measured, task=params.task)),)
+        if params.usage or params.commands:
+            made = await self._for_request(answer, params)
+            return (encoder.encode(msgspec.structs.replace(made, task=params.task)),)
         return self._encoded.parts(answer, params.task)
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
         """Answer ``sessions.snapshot`` (docs/design.md §7).
 
         From the latest observation if it is younger than ``max_age_ms``
-        (default: the sample interval) and nothing is pending; otherwise an
+        (without it: any age while events keep it current, else the sample
+        interval) and nothing is pending; otherwise an
         observation that began no longer than ``max_age_ms`` before the
         request arrived (shared; ``max_age_ms: 0``: one that began after it),
         retried while ``scanning`` until ``ready`` or ``timeout_ms``. With
@@ -85,10 +91,19 @@ class Answers:
                 the request may use ended (see :meth:`Publication.late`).
             ShuttingDown: the daemon is stopping; a long poll ends with it.
         """
-        answer = await self._answer(params)
+        answer = await self._for_request(await self._answer(params), params)
+        return msgspec.structs.replace(answer, task=params.task)
+
+    async def _for_request(
+        self, answer: ActiveSessionsSnapshot, params: SnapshotParams
+    ) -> ActiveSessionsSnapshot:
+        """``answer`` with what ``params`` asks to add: usage, commands."""
+        if params.commands:
+            # Read-your-writes covers exec too: every process is checked now.
+            answer = await with_commands(answer, self.argv, fresh=params.max_age_ms == 0)
         if params.usage:
             answer = await with_usage(answer, self._usage)
-        return msgspec.structs.replace(answer, task=params.task)
+        return answer
 
     def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
         latest = self._pub.latest

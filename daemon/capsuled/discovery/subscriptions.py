@@ -26,6 +26,13 @@ Rules, and why:
   notification is taken, ``sessions.dropped`` follows and nothing more. A
   peer that takes nothing for the server's write timeout loses its
   connection (a line may have been half written).
+* **Commands.** A subscription made with ``commands: true`` sends its
+  sessions and unowned processes with their argv (:mod:`capsuled.processes.commands`).
+  While one such subscription is open and the latest answer lists a
+  process, its task also wakes every :data:`~capsuled.processes.argv.RECHECK_S` to
+  check them for an ``exec``: a session one of whose processes now runs
+  another program is ``changed`` in the next notification, under the same
+  generation (commands are not part of the answer generations count).
 * **Unsubscribe.** After the reply to ``sessions.unsubscribe``, no further
   notification of that subscription is sent (one already waiting for the
   send lock goes out before the reply).
@@ -54,6 +61,8 @@ from capsule_client.protocol import (
     StatusTotals,
 )
 from capsuled.errors import Overloaded, ShuttingDown
+from capsuled.processes.argv import RECHECK_S, ArgvCache
+from capsuled.processes.commands import with_commands
 from capsuled.tasks import TaskHost
 
 if TYPE_CHECKING:
@@ -87,6 +96,7 @@ class _Subscription:
     id: str
     connection: Connection
     base: ActiveSessionsSnapshot | None  # the answer sent last; None: send it whole
+    commands: bool = False  # processes carry their argv
     replied: anyio.Event = field(default_factory=anyio.Event)
     wake: anyio.Event = field(default_factory=anyio.Event)
     sending: bool = False
@@ -154,15 +164,19 @@ class SubscriptionHub(TaskHost):
     Args:
         latest: returns discovery's latest settled answer (None before the first).
         totals: the daemon's counters (``subscriptions_dropped``).
+        argv: where subscriptions with ``commands`` read the argv (None: a
+            cache of the hub's own).
     """
 
     def __init__(
         self,
         latest: Callable[[], ActiveSessionsSnapshot | None],
         totals: StatusTotals | None = None,
+        argv: ArgvCache | None = None,
     ) -> None:
         self._latest = latest
         self.totals = StatusTotals() if totals is None else totals
+        self._argv = ArgvCache() if argv is None else argv
         super().__init__()
         self._subscriptions: dict[str, _Subscription] = {}
 
@@ -182,8 +196,10 @@ class SubscriptionHub(TaskHost):
                     self._drop(sub, DROPPED_BEHIND)
             sub.wake.set()
 
-    def subscribe(self, connection: Connection, since: int | None) -> str:
+    def subscribe(self, connection: Connection, since: int | None, commands: bool = False) -> str:
         """Open a subscription on ``connection``; its first notification follows the reply.
+
+        With ``commands``, its processes carry their argv (docs/design.md §5).
 
         Raises:
             Overloaded: the connection holds :data:`MAX_PER_CONNECTION` already.
@@ -200,7 +216,7 @@ class SubscriptionHub(TaskHost):
             )
         latest = self._latest()
         base = latest if latest is not None and since == latest.generation else None
-        sub = _Subscription(f"sub_{secrets.token_hex(8)}", connection, base)
+        sub = _Subscription(f"sub_{secrets.token_hex(8)}", connection, base, commands)
         self._subscriptions[sub.id] = sub
         connection.call_after_reply(sub.replied.set)
         self._tg.start_soon(self._run, sub)
@@ -230,6 +246,8 @@ class SubscriptionHub(TaskHost):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._end_with_connection, sub, tg.cancel_scope)
+                if sub.commands:
+                    tg.start_soon(self._recheck_commands, sub)
                 await self._deliver(sub)
                 tg.cancel_scope.cancel()
         finally:
@@ -241,8 +259,18 @@ class SubscriptionHub(TaskHost):
         await sub.connection.closed.wait()
         scope.cancel()
 
+    async def _recheck_commands(self, sub: _Subscription) -> None:
+        """Wake ``sub`` every :data:`RECHECK_S` while the latest answer lists a process."""
+        while True:
+            await anyio.sleep(RECHECK_S)
+            latest = self._latest()
+            if latest is not None and (latest.unowned or latest.sessions):
+                sub.wake.set()
+
     async def _deliver(self, sub: _Subscription) -> None:
         await sub.replied.wait()
+        if sub.commands and sub.base is not None:  # what the client has, as it will be compared
+            sub.base = await with_commands(sub.base, self._argv)
         if sub.base is None and self._latest() is not None:
             sub.wake.set()  # the whole answer first
         while True:
@@ -256,6 +284,8 @@ class SubscriptionHub(TaskHost):
             latest = self._latest()
             if latest is None:
                 continue
+            if sub.commands:
+                latest = await with_commands(latest, self._argv)
             params = _notification(sub.id, sub.base, latest)
             if params is None:
                 continue

@@ -13,7 +13,7 @@ import structlog
 
 from capsule_client.protocol import LostReport, ReconcileParams
 from capsuled.errors import InternalError
-from capsuled.reconcile.prior_session import reconcile
+from capsuled.reconcile.prior_session import reconcile_marking
 
 __all__ = ["RECONCILE_THREADS", "Reconciles"]
 
@@ -32,7 +32,8 @@ class Reconciles:
     Args:
         records_root: ``<home>/sessions``, where the traces are.
         cancelled: whether the daemon is stopping (read from the worker thread).
-        on_report: called with each reconcile's answer (the report, or ``None``), for the counts.
+        on_report: called with each reconcile's answer (the report, or ``None``, and
+            whether it marked anything now), for the counts.
     """
 
     def __init__(
@@ -40,7 +41,7 @@ class Reconciles:
         records_root: Path,
         *,
         cancelled: Callable[[], bool],
-        on_report: Callable[[LostReport | None], None] = lambda _report: None,
+        on_report: Callable[[LostReport | None, bool], None] = lambda _report, _marked: None,
     ) -> None:
         self._records_root = records_root
         self._cancelled = cancelled
@@ -69,9 +70,9 @@ class Reconciles:
         """
         try:
             async with self._trace_turn(params.from_session):
-                report = await anyio.to_thread.run_sync(
+                reconciled = await anyio.to_thread.run_sync(
                     functools.partial(
-                        reconcile,
+                        reconcile_marking,
                         self._records_root,
                         params.from_session,
                         params.this_session,
@@ -90,7 +91,8 @@ class Reconciles:
                 cause=repr(exc.__cause__),
             )
             raise
-        self._on_report(report)
+        self._on_report(reconciled.report, reconciled.marked)
+        report = reconciled.report
         if report is not None:
             log.info(
                 "reconciled lost work",
@@ -99,6 +101,7 @@ class Reconciles:
                 task_id=report.task_id,
                 lost=[work.work_id for work in report.lost],
                 trust=report.provenance.trust,
+                repeated=not reconciled.marked,
             )
         return report
 

@@ -16,6 +16,8 @@ from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParam
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError
 from capsuled.metrics.collector import count_terminated
+from capsuled.processes.argv import ArgvCache
+from capsuled.processes.commands import with_target_commands
 from capsuled.processes.terminate import Target, terminate
 
 __all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
@@ -49,7 +51,14 @@ def fresh_session_processes(discovery: Discovery) -> SessionProcesses:
         for session in snapshot.sessions:
             if session.session_id == session_id:
                 return [
-                    Target(p.pid, p.started_at, p.kind, sampled.get(p.pid))
+                    Target(
+                        p.pid,
+                        p.started_at,
+                        p.kind,
+                        sampled.get(p.pid),
+                        parent_pid=p.parent_pid,
+                        root_pid=p.root_pid,
+                    )
                     for p in session.processes
                 ]
         return None
@@ -58,7 +67,7 @@ def fresh_session_processes(discovery: Discovery) -> SessionProcesses:
 
 
 def terminate_handler(
-    session_processes: SessionProcesses, totals: StatusTotals
+    session_processes: SessionProcesses, totals: StatusTotals, argv: ArgvCache | None = None
 ) -> Callable[[TerminateParams], Awaitable[TerminateReport]]:
     """The ``session.terminate`` handler.
 
@@ -67,6 +76,8 @@ def terminate_handler(
             (read-your-writes), each with the start time its sample read.
         totals: the daemon's counters; each reported outcome is counted
             (``terminated_<outcome>``, ``capsuled_terminated_processes_total``).
+        argv: where ``commands: true`` reads each process's argv, before the
+            first signal (docs/design.md §5); None: a cache of its own.
 
     The handler raises ``NoSuchSession`` (-32007) when the session is not
     active in the fresh observation, ``DiscoveryUnavailable`` (-32001) when
@@ -75,18 +86,25 @@ def terminate_handler(
     are found: the report still comes.
     """
 
+    cache = ArgvCache() if argv is None else argv
+
+    async def named(targets: list[Target], commands: bool) -> list[Target]:
+        return await with_target_commands(targets, cache) if commands else targets
+
     async def handle(params: TerminateParams) -> TerminateReport:
         session_id = params.session_id
         targets = await session_processes(session_id)
         if targets is None:
             raise NoSuchSession(session_id)
+        targets = await named(targets, params.commands)
 
         async def more() -> list[Target]:
             try:
-                return roots_first(await session_processes(session_id) or [])
+                found = await session_processes(session_id) or []
             except RpcError as exc:  # unavailable, late, stopping: the ones known still end
                 log.debug("no fresh observation during the grace", error=exc.message)
                 return []
+            return roots_first(await named(found, params.commands))
 
         report = await terminate(
             session_id,

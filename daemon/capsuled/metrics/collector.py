@@ -49,6 +49,7 @@ from capsule_client.protocol import (
 __all__ = [
     "LATENCY_BUCKETS_S",
     "TERMINATE_OUTCOMES",
+    "TEXTFILE_MIN_INTERVAL_S",
     "DaemonCollector",
     "RequestMetrics",
     "TextfileWriter",
@@ -69,6 +70,9 @@ TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused")
 #: The ``method`` label of a request naming no method the daemon serves:
 #: clients choose method names, and a label must not grow with them.
 OTHER_METHOD: Final = "other"
+#: The least time between two writes of the metrics textfile, seconds
+#: (``capsuled --help`` and docs/design.md §8 say it from here).
+TEXTFILE_MIN_INTERVAL_S: Final = 2.0
 _KINDS: Final = typing.get_args(ProcessKind)
 _DISCOVERY_STATES: Final = ("ready", "scanning", "unavailable")
 _WATCH_MODES: Final = ("native", "polling", "off")
@@ -76,10 +80,15 @@ _TRUSTS: Final = ("trusted", "untrusted")
 _KIND: Final = operator.attrgetter("kind")
 
 
-def count_reconcile(totals: StatusTotals, report: LostReport | None) -> None:
-    """Count one finished ``session.reconcile`` and the lost works it reported, by trust."""
+def count_reconcile(totals: StatusTotals, report: LostReport | None, marked: bool) -> None:
+    """Count one finished ``session.reconcile`` and the lost works it reported, by trust.
+
+    A report rebuilt for a retry (``marked`` false: its markers were written
+    before) counts as a reconcile, not as lost work again, so each lost work
+    is counted once (docs/design.md §6, §7 ``metrics``).
+    """
     totals.reconciles += 1
-    if report is None:
+    if report is None or not marked:
         return
     if report.provenance.trust == "trusted":
         totals.lost_reports_trusted += 1
@@ -442,7 +451,9 @@ class TextfileWriter:
         min_interval_s: the least time between two writes, seconds.
     """
 
-    def __init__(self, path: Path, collector: Collector, *, min_interval_s: float = 2.0) -> None:
+    def __init__(
+        self, path: Path, collector: Collector, *, min_interval_s: float = TEXTFILE_MIN_INTERVAL_S
+    ) -> None:
         self.path = path
         self._collector = collector
         self.min_interval_s = min_interval_s

@@ -99,7 +99,8 @@ class Descendant:
 
     Attributes:
         pid: its pid.
-        started_at: its start time, Unix seconds (whole).
+        started_at: its start time, Unix seconds, rounded to the nearest second as the
+            writer kit rounds a receipt's (so a child never reads as older than its parent).
         parent_pid: its parent when first seen (kept after that parent exits).
         root_pid: the root (receipt or owned process) it descends from.
         session_id: the root's session.
@@ -309,7 +310,7 @@ class DescendantTracker:
         )
         found = {}
         for pid, member in sorted(self._known.items()):
-            started_at = int(clock.seconds(member.start_ticks))
+            started_at = round(clock.seconds(member.start_ticks))
             found[pid, started_at] = Descendant(
                 pid, started_at, member.parent_pid, member.root_pid, member.session_id
             )

@@ -40,6 +40,7 @@ from typing import Final
 import anyio
 import structlog
 from anyio.abc import TaskGroup
+from msgspec import UNSET, UnsetType
 
 from capsule_client.protocol import (
     ProcessKind,
@@ -93,12 +94,19 @@ class Target:
         kind: as listed (``provider_client``, ``exec``, ``process``, ``descendant``).
         start_s: the start time the observation's sample read, Unix seconds;
             None: ``started_at``. Compared within :data:`START_TOLERANCE_S`.
+        parent_pid: a descendant's parent, as listed (echoed in the report).
+        root_pid: a descendant's root, as listed (echoed in the report).
+        command: its argv, read before its first signal, when asked
+            (``commands: true``; echoed in the report).
     """
 
     pid: int
     started_at: int
     kind: ProcessKind
     start_s: float | None = None
+    parent_pid: int | UnsetType = UNSET
+    root_pid: int | UnsetType = UNSET
+    command: list[str] | UnsetType | None = UNSET
 
 
 #: Asked during the grace: the session's processes now (new ones are signalled too).
@@ -128,10 +136,16 @@ class _Victim:
     def report(self) -> TerminatedProcess:
         target = self.target
         outcome = self.outcome or ("killed" if self.killed else "exited")
-        process = TerminatedProcess(target.pid, target.started_at, target.kind, outcome)
-        if self.error is not None:
-            process.error = self.error
-        return process
+        return TerminatedProcess(
+            target.pid,
+            target.started_at,
+            target.kind,
+            outcome,
+            error=UNSET if self.error is None else self.error,
+            parent_pid=target.parent_pid,
+            root_pid=target.root_pid,
+            command=target.command,
+        )
 
 
 class _Run:

@@ -195,7 +195,9 @@ def make_candidate(
             pid=pid,
             started_at=started_at,
             exec_id=receipt.exec_id,
-            command=msgspec.UNSET if receipt.command is None else sys.intern(receipt.command),
+            receipt_command=msgspec.UNSET
+            if receipt.command is None
+            else sys.intern(receipt.command),
             receipt=wire_text(relative),
         )
         return Candidate(kind, pid, started_at, signature, process, receipt.exec_id, None)

@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 
@@ -49,7 +49,7 @@ from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, ShuttingD
 
 from .trace_scan import READ_BUFFER_BYTES, DetachedWork, TraceScan, scan_lines
 
-__all__ = ["lost_message", "reconcile"]
+__all__ = ["Reconciled", "lost_message", "reconcile", "reconcile_marking"]
 
 # --------------------------------------------------------------------------
 # Report
@@ -226,6 +226,20 @@ def _markers(
     )
 
 
+class Reconciled(NamedTuple):
+    """What one reconcile answered, and whether it marked anything.
+
+    Attributes:
+        report: the report, or ``None`` when nothing is lost.
+        marked: the report's markers were appended now; ``False`` for a report
+            rebuilt from earlier markers (a retry after a lost reply), which
+            the counters must not count again (docs/design.md §6).
+    """
+
+    report: LostReport | None
+    marked: bool
+
+
 def reconcile(
     records_root: str | os.PathLike[str],
     from_session: str,
@@ -235,6 +249,30 @@ def reconcile(
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     cancelled: Callable[[], bool] | None = None,
 ) -> LostReport | None:
+    """Mark and report the background work ``from_session`` left unaccounted (docs/design.md §6).
+
+    :func:`reconcile_marking`'s report alone; the arguments, the result and
+    the errors are the same.
+    """
+    return reconcile_marking(
+        records_root,
+        from_session,
+        this_session,
+        context_id,
+        lock_timeout_s=lock_timeout_s,
+        cancelled=cancelled,
+    ).report
+
+
+def reconcile_marking(
+    records_root: str | os.PathLike[str],
+    from_session: str,
+    this_session: str,
+    context_id: str,
+    *,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    cancelled: Callable[[], bool] | None = None,
+) -> Reconciled:
     """Mark and report the background work ``from_session`` left unaccounted (docs/design.md §6).
 
     Under the trace's exclusive lock: scan it; append one ``shell_lost``
@@ -256,7 +294,8 @@ def reconcile(
             wait before anything is read or written.
 
     Returns:
-        The report, or ``None`` when nothing is lost (and nothing was written).
+        The report (``None`` when nothing is lost, and nothing was written),
+        and whether its markers were appended now.
 
     Raises:
         InvalidParams: ``from_session`` is not a session directory name (the
@@ -295,10 +334,11 @@ def reconcile(
         pending = scan.unaccounted()
         if not pending:
             if scan.reconciled_task_id is None:
-                return None
+                return Reconciled(None, marked=False)
             lost = [scan.reconciled[work_id] for work_id in sorted(scan.reconciled)]
             trust = scan.trust_of(scan.reconciled)
-            return _report(from_session, context_id, scan.reconciled_task_id, lost, trust)
+            report = _report(from_session, context_id, scan.reconciled_task_id, lost, trust)
+            return Reconciled(report, marked=False)
         task_id = new_task_id()
         payload = _markers(scan, pending, from_session, this_session, task_id)
         try:
@@ -313,4 +353,5 @@ def reconcile(
     finally:
         os.close(fd)
     lost = [detached.work for detached in pending]
-    return _report(from_session, context_id, task_id, lost, scan.trust_of(w.work_id for w in lost))
+    trust = scan.trust_of(w.work_id for w in lost)
+    return Reconciled(_report(from_session, context_id, task_id, lost, trust), marked=True)

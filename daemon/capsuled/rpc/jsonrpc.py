@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -94,6 +95,12 @@ _NUMBER_START: Final = frozenset(b"-0123456789")
 #: recursion limit it raises RecursionError, which is the input's fault.
 _TOO_DEEP: Final = "parse error: JSON nested too deeply"
 _json: Final = msgspec.json.Decoder(Raw)  # checks that a text is JSON, keeps nothing
+#: A ``\uD800``-``\uDBFF`` escape not followed by a low-surrogate escape, outside
+#: an escaped backslash: msgspec reads on for the pair and reports "Input data was
+#: truncated" when the text ends first.
+_LONE_HIGH_SURROGATE: Final = re.compile(
+    rb"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
 
 #: An encoded result at least this large is sent from its own buffer (see
 #: :meth:`Dispatcher.answer`); below it, one copy costs less than a part.
@@ -253,7 +260,7 @@ class Dispatcher:
             # line must still be JSON for this to be a request at all.
             return _not_a_request(text)
         except msgspec.DecodeError as exc:
-            return encode_error(PARSE_ERROR, f"parse error: {exc}")
+            return _parse_error(text, exc)
         except RecursionError:
             return encode_error(PARSE_ERROR, _TOO_DEEP)
 
@@ -261,7 +268,7 @@ class Dispatcher:
         try:
             items = _batch.decode(text)
         except msgspec.DecodeError as exc:
-            return encode_error(PARSE_ERROR, f"parse error: {exc}")
+            return _parse_error(text, exc)
         except RecursionError:
             return encode_error(PARSE_ERROR, _TOO_DEEP)
         if not items:
@@ -379,12 +386,25 @@ class _Batch:
     text: bytes
 
 
+def _parse_error(text: bytes, exc: msgspec.DecodeError) -> bytes:
+    """-32700 for ``text``, which msgspec could not decode; an unpaired surrogate is named."""
+    lone = _LONE_HIGH_SURROGATE.search(text)
+    if lone is not None:
+        escape = lone[1].decode("ascii")
+        return encode_error(
+            PARSE_ERROR,
+            f"parse error: unpaired UTF-16 surrogate escape {escape} at byte {lone.start(1)}"
+            " (a JSON string must be valid Unicode)",
+        )
+    return encode_error(PARSE_ERROR, f"parse error: {exc}")
+
+
 def _not_a_request(text: bytes) -> bytes:
     """-32600 for JSON that is not a request object; -32700 if it is not JSON at all."""
     try:
         _json.decode(text)
     except msgspec.DecodeError as exc:
-        return encode_error(PARSE_ERROR, f"parse error: {exc}")
+        return _parse_error(text, exc)
     except RecursionError:
         return encode_error(PARSE_ERROR, _TOO_DEEP)
     return encode_error(INVALID_REQUEST, "invalid request: not a JSON-RPC request object")

@@ -16,6 +16,7 @@ from typing import Literal
 from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
 from capsule_client.protocol import WatcherMode
 from capsuled import __version__
+from capsuled.metrics.collector import TEXTFILE_MIN_INTERVAL_S
 from capsuled.watch.watcher import WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]
@@ -214,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--metrics-textfile",
         "metrics_textfile",
-        "also write the metrics to this file (atomically, after changes, at most every 5 s) "
-        "for node_exporter's textfile collector; the name must end in .prom (default: none)",
+        "also write the metrics to this file (atomically, after changes, at most every "
+        f"{TEXTFILE_MIN_INTERVAL_S:g} s) for node_exporter's textfile collector; the name must "
+        "end in .prom (default: none)",
         metavar="PATH",
     )
     parser.add_argument("--version", action="version", version=f"capsuled {__version__}")

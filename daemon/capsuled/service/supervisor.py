@@ -120,7 +120,9 @@ class Daemon:
             verify_interval_s=config.verify_interval_s,
             on_missed=watcher.recheck,
         )
-        self.subscriptions = SubscriptionHub(lambda: self.discovery.announced, self.totals)
+        self.subscriptions = SubscriptionHub(
+            lambda: self.discovery.announced, self.totals, self.discovery.argv
+        )
         self.discovery.add_listener(self.subscriptions.publish)
         self.methods = self._method_table()
         self.dispatcher = Dispatcher(
@@ -171,7 +173,7 @@ class Daemon:
                 "sessions.subscribe": subscribe_handler(self.subscriptions),
                 "sessions.unsubscribe": unsubscribe_handler(self.subscriptions),
                 "session.terminate": terminate_handler(
-                    fresh_session_processes(self.discovery), self.totals
+                    fresh_session_processes(self.discovery), self.totals, self.discovery.argv
                 ),
             }
         )
