@@ -19,6 +19,7 @@ from capsuled.metrics.collector import count_terminated
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_target_commands
 from capsuled.processes.terminate import Target, terminate
+from capsuled.shortage import is_shortage, shortage_gap
 
 __all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
 
@@ -106,13 +107,20 @@ def terminate_handler(
                 return []
             return roots_first(await named(found, params.commands))
 
-        report = await terminate(
-            session_id,
-            roots_first(targets),
-            signal_name=params.signal,
-            grace_s=params.grace_ms / 1000,
-            more=more,
-        )
+        try:
+            report = await terminate(
+                session_id,
+                roots_first(targets),
+                signal_name=params.signal,
+                grace_s=params.grace_ms / 1000,
+                more=more,
+            )
+        except OSError as exc:  # before any signal: the daemon's shortage (docs/design.md §8)
+            if not is_shortage(exc):
+                raise
+            raise DiscoveryUnavailable(
+                f"nothing was signalled: {shortage_gap(exc.errno, retrying=False)}"
+            ) from exc
         count_terminated(totals, (process.outcome for process in report.processes))
         return report
 
