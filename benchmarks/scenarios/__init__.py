@@ -16,6 +16,7 @@ from . import (
     fresh,
     idle,
     latency,
+    launcher,
     live,
     memory,
     metrics,
@@ -190,6 +191,17 @@ SCENARIOS: tuple[Scenario, ...] = (
             "the answer without commands is the answer with them less `command`",
         ),
         run=commands.run,
+    ),
+    Scenario(
+        number=18,
+        title="capsulectl run: the launcher's fixed cost, its memory, an orphan found under it",
+        baseline="`true` started and waited for by the benchmark, alternating with the launcher",
+        targets=(
+            "`capsulectl run -- true` against `true`: <= 150 ms more (p50, daemon running)",
+            "the waiting launcher's RSS",
+            "orphan under the launcher found: p50 / p99 (a since long poll)",
+        ),
+        run=launcher.run,
     ),
 )
 
