@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery import heap
 from capsuled.service import logs
 from capsuled.service.config import Config, ConfigError, parse_args
 from capsuled.service.supervisor import Daemon, StartupError
-from capsuled.shortage import is_shortage, shortage_gap
 
 __all__ = ["main"]
 

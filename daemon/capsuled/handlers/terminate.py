@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError
 from capsuled.metrics.collector import count_terminated
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_target_commands
 from capsuled.processes.terminate import Target, terminate
-from capsuled.shortage import is_shortage, shortage_gap
 
 __all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
 

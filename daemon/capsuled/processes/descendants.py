@@ -64,7 +64,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from capsuled.shortage import is_shortage
+from capsuled.common.shortage import is_shortage
 
 from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
 from .table import thread_group_id as _tgid

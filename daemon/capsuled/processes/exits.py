@@ -26,7 +26,7 @@ Fallback to sampling, where exits are noticed only by the next sample:
 * more watched processes than ``max_pidfds`` (``--max-pidfds``, default
   4096, lowered to the pidfds' share of the open-file limit at start,
   :mod:`capsuled.service.budget`), or the daemon is short of descriptors
-  (:func:`capsuled.shortage.is_shortage`): the processes past the limit are
+  (:func:`capsuled.common.shortage.is_shortage`): the processes past the limit are
   left to sampling, :attr:`ExitWatch.unwatched` counts them, and
   :attr:`ExitWatch.mode` says ``sampling`` (docs/design.md §8).
 
@@ -47,8 +47,8 @@ import structlog
 
 from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, start_time_s, ticks_per_s
 from capsule_client.protocol import ExitWatchMode
-from capsuled.shortage import is_shortage
-from capsuled.tasks import TaskHost
+from capsuled.common.shortage import is_shortage
+from capsuled.common.tasks import TaskHost
 
 __all__ = ["DEFAULT_MAX_PIDFDS", "RECHECK_TOLERANCE_S", "ExitWatch", "pidfds_supported"]
 
@@ -79,7 +79,7 @@ def _start_time(pid: int) -> float | None:
 
     Raises:
         OSError: the daemon is short of descriptors or memory
-            (:func:`capsuled.shortage.is_shortage`): the process may well run.
+            (:func:`capsuled.common.shortage.is_shortage`): the process may well run.
     """
     try:
         stat = read_stat(pid)

@@ -25,7 +25,7 @@ from typing import TypeAlias
 import psutil
 
 from capsule_client._proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
-from capsuled.shortage import is_shortage
+from capsuled.common.shortage import is_shortage
 
 from .table import ProcessTable, last_pid
 
@@ -104,7 +104,7 @@ def sample_processes() -> dict[int, float]:
     Raises:
         OSError: the process table could not be listed at all, or a process
             could not be read for a shortage of the daemon's own
-            (:func:`capsuled.shortage.is_shortage`): a sample that lost a
+            (:func:`capsuled.common.shortage.is_shortage`): a sample that lost a
             live process would end its receipts' liveness.
     """
     return _sampler()

@@ -50,7 +50,7 @@ from capsule_client.protocol import (
     TerminateReport,
     TerminateSignal,
 )
-from capsuled.shortage import is_shortage, shortage_gap
+from capsuled.common.shortage import is_shortage, shortage_gap
 
 from .table import Clock
 
@@ -185,7 +185,7 @@ class _Run:
 
         Raises:
             OSError: the daemon is short of descriptors or memory
-                (:func:`capsuled.shortage.is_shortage`): nothing is known of it.
+                (:func:`capsuled.common.shortage.is_shortage`): nothing is known of it.
         """
         try:
             stat = read_stat(target.pid)
@@ -318,7 +318,7 @@ async def terminate(
 
     Raises:
         OSError: the boot time could not be read (the daemon is short of
-            descriptors, :func:`capsuled.shortage.is_shortage`): nothing was signalled.
+            descriptors, :func:`capsuled.common.shortage.is_shortage`): nothing was signalled.
     """
     signum = SIGNALS[signal_name]
     started = time.monotonic()

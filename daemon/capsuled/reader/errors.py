@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Kind
-from capsuled.shortage import is_shortage, shortage_gap
 
 if TYPE_CHECKING:
     from .candidates import Signature
@@ -67,7 +67,7 @@ class Shortage(Unavailable):
 
 def raise_if_short(error: OSError) -> None:
     """Raises: Shortage: ``error`` is the daemon's shortage, not the path's
-    (:func:`capsuled.shortage.is_shortage`)."""
+    (:func:`capsuled.common.shortage.is_shortage`)."""
     if is_shortage(error):
         raise Shortage(error.errno) from error
 

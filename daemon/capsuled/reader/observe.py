@@ -56,10 +56,10 @@ from typing import Final
 
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Action, action
 from capsuled.processes.sample import sample_with_table
 from capsuled.processes.table import ProcessTable
-from capsuled.shortage import is_shortage, shortage_gap
 from capsuled.watch.changes import ChangeFeed
 
 from .candidates import Candidates, wire_text

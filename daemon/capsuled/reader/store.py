@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
-from capsuled.shortage import descriptors_short, is_shortage, shortage_gap
+from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 

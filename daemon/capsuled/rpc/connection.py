@@ -25,7 +25,7 @@ import structlog
 from anyio.abc import SocketStream
 
 from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES
-from capsuled.shortage import is_shortage
+from capsuled.common.shortage import is_shortage
 
 from .jsonrpc import encode_error
 

@@ -24,7 +24,7 @@ import structlog
 from anyio.abc import ByteStream, SocketStream, TaskGroup, TaskStatus, UNIXSocketStream
 
 from capsule_client.protocol import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
-from capsuled.shortage import is_shortage
+from capsuled.common.shortage import is_shortage
 
 from .connection import Connection, HangUps, current_connection
 from .jsonrpc import Dispatcher, ReplyParts, encode_error

@@ -31,6 +31,7 @@ from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
 from capsule_client.protocol import NoParams, StatusTotals
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
 from capsuled.discovery.subscriptions import SubscriptionHub
 from capsuled.handlers import method_table
@@ -55,7 +56,6 @@ from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.rpc.peers import refuse_peer
 from capsuled.rpc.server import Server, UnixListener
 from capsuled.service import budget, notify
-from capsuled.shortage import is_shortage, shortage_gap
 from capsuled.startup_errors import ServiceError
 from capsuled.watch.changes import ChangeFeed
 from capsuled.watch.watcher import HomeWatcher

@@ -31,8 +31,8 @@ import anyio
 import structlog
 from inotify_simple import INotify, flags
 
+from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
-from capsuled.shortage import is_shortage
 
 from .changes import ChangeFeed
 from .cookies import Cookies
@@ -460,7 +460,7 @@ def _entered_directories(home: str, here: Parts) -> list[str]:
 
     Raises:
         OSError: the daemon is short of descriptors or memory
-            (:func:`capsuled.shortage.is_shortage`): nothing is known of ``here``.
+            (:func:`capsuled.common.shortage.is_shortage`): nothing is known of ``here``.
     """
     try:
         fd = open_directory(os.path.join(home, *here), follow=not here)

@@ -14,8 +14,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
-from capsuled.shortage import is_shortage
 
 __all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
 
@@ -135,7 +135,7 @@ def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Par
 
     Raises:
         OSError: the daemon is short of descriptors or memory
-            (:func:`capsuled.shortage.is_shortage`).
+            (:func:`capsuled.common.shortage.is_shortage`).
     """
     now: dict[str, _EntrySignature] = {}
     children: list[Parts] = []

@@ -24,8 +24,8 @@ import structlog
 from anyio.abc import TaskStatus
 
 from capsule_client.protocol import WatcherMode, WatchStatus
+from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 from capsuled.home.layout import reader_cares
-from capsuled.shortage import descriptors_short, is_shortage, shortage_gap
 
 from .changes import ChangeFeed
 from .inotify import InotifyWatch, WatchLost
