@@ -16,7 +16,9 @@ from . import (
     fresh,
     idle,
     latency,
+    launcher,
     live,
+    mcp,
     memory,
     metrics,
     ping,
@@ -192,6 +194,30 @@ SCENARIOS: tuple[Scenario, ...] = (
             "the answer without commands is the answer with them less `command`",
         ),
         run=commands.run,
+    ),
+    Scenario(
+        number=18,
+        title="capsulectl run: the launcher's fixed cost, its memory, an orphan found under it",
+        baseline="`true` started and waited for by the benchmark, alternating with the launcher",
+        targets=(
+            "`capsulectl run -- true` against `true`: <= 150 ms more (p50, daemon running)",
+            "the waiting launcher's RSS",
+            "orphan under the launcher found: p50 / p99 (a since long poll)",
+        ),
+        run=launcher.run,
+    ),
+    Scenario(
+        number=19,
+        title="capsulectl mcp: start to the first list_sessions; list_sessions at 100 sessions",
+        baseline=(
+            "`capsulectl sessions --json`, spawn to exit; the raw snapshot the tool asks "
+            "(max_age_ms 0, commands), over the socket"
+        ),
+        targets=(
+            "capsulectl mcp start to its first answered list_sessions",
+            "list_sessions at 100 sessions: p50 / p99",
+        ),
+        run=mcp.run,
     ),
 )
 

@@ -135,7 +135,7 @@ def _shows_command(snapshot: Any, exec_id: str, command: str) -> bool:
     for session in data["sessions"]:
         for process in session["processes"]:
             if process.get("exec_id") == exec_id:
-                return bool(process.get("command") == command)
+                return bool(process.get("receipt_command") == command)
     return False
 
 

@@ -10,7 +10,8 @@ socket as docs/design.md §2 says and raise the exceptions listed in
 ``capsule_client.protocol``.
 """
 
-from ._async_client import AsyncClient, AsyncSubscription
+import typing as _typing
+
 from ._client import Client, Subscription
 from ._core import DEFAULT_TIMEOUT_S
 from ._exceptions import (
@@ -35,6 +36,9 @@ from ._exceptions import (
     UnsafePath,
 )
 from .paths import default_home, default_socket
+
+if _typing.TYPE_CHECKING:
+    from ._async_client import AsyncClient, AsyncSubscription
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -64,3 +68,13 @@ __all__ = [
     "default_home",
     "default_socket",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """``AsyncClient`` and ``AsyncSubscription`` are imported when first asked for: anyio
+    costs every ``capsulectl`` start (and ``capsulectl run``'s fixed cost) its import."""
+    if name in ("AsyncClient", "AsyncSubscription"):
+        from . import _async_client
+
+        return getattr(_async_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

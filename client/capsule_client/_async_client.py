@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -13,18 +12,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from msgspec import Raw
 
 from . import _core
-from ._core import DEFAULT_TIMEOUT_S, MAX_REPLY_BYTES, Call, ClientCore
+from ._core import BaseClient, Call, ClientCore, SubscriptionBase
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
-    ActiveSessionsSnapshot,
-    LostReport,
-    MetricsResult,
-    PingResult,
-    RescanResult,
     SessionsChanged,
-    StatusResult,
-    TerminateReport,
-    TerminateSignal,
 )
 
 __all__ = ["AsyncClient", "AsyncSubscription"]
@@ -32,31 +23,19 @@ __all__ = ["AsyncClient", "AsyncSubscription"]
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(BaseClient):
     """Talks to capsuled from anyio code (asyncio or trio).
 
     Calls on one client are sent one at a time (a lock keeps replies in
     order); make several clients for concurrency.
 
-    Args and raises: as :class:`~capsule_client.Client`.
+    Args and raises: as :class:`~._core.BaseClient` says.
     """
 
-    def __init__(
-        self,
-        socket_path: str | Path | None = None,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ) -> None:
-        self._core = ClientCore(socket_path, timeout_s, max_reply_bytes)
+    def _unconnected(self) -> None:
         self._stream: SocketStream | None = None
         self._reader: BufferedByteReceiveStream | None = None
         self._lock = anyio.Lock()
-
-    @property
-    def socket_path(self) -> Path:
-        """The socket this client talks to."""
-        return self._core.socket_path
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -74,40 +53,13 @@ class AsyncClient:
         self._core.closed = True
         await self._disconnect()
 
-    async def ping(self) -> PingResult:
-        """``ping``: is the daemon there, and which version."""
-        return await self._call(_core.ping())
-
-    async def status(self) -> StatusResult:
-        """``status``: the daemon's state and counters."""
-        return await self._call(_core.status())
-
-    async def snapshot(
-        self,
-        *,
-        task: str | None = None,
-        timeout_ms: int | None = None,
-        max_age_ms: int | None = None,
-        since: int | None = None,
-        usage: bool = False,
-        fresh: bool = False,
-        commands: bool = False,
-    ) -> ActiveSessionsSnapshot:
-        """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
-
-        Args:
-            commands: each process carries ``command``, its argv as the OS
-                says it (``None`` where it does not), docs/design.md §5.
-            fresh: read-your-writes: the answer reflects every receipt, store
-                row and process exit completed before the call (``max_age_ms=0``:
-                the daemon waits for its watch's barrier, then observes).
-
-        Raises:
-            ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
-        """
-        return await self._call(
-            _core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh, commands)
-        )
+    ping = _core.awaiting(_core.ping)
+    status = _core.awaiting(_core.status)
+    snapshot = _core.awaiting(_core.snapshot)
+    reconcile = _core.awaiting(_core.reconcile)
+    metrics = _core.awaiting(_core.metrics)
+    terminate = _core.awaiting(_core.terminate)
+    rescan = _core.awaiting(_core.rescan)
 
     def subscribe(self, *, since: int | None = None, commands: bool = False) -> AsyncSubscription:
         """``sessions.subscribe``: an async iterator of the answer's changes.
@@ -120,31 +72,6 @@ class AsyncClient:
         iterates, make calls from another client. See :class:`AsyncSubscription`.
         """
         return AsyncSubscription(self, since, commands)
-
-    async def reconcile(
-        self, from_session: str, this_session: str, context_id: str
-    ) -> LostReport | None:
-        """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
-        return await self._call(_core.reconcile(from_session, this_session, context_id))
-
-    async def metrics(self) -> MetricsResult:
-        """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
-        return await self._call(_core.metrics())
-
-    async def terminate(
-        self,
-        session_id: str,
-        *,
-        signal: TerminateSignal = "TERM",
-        grace_s: float = 5.0,
-        commands: bool = False,
-    ) -> TerminateReport:
-        """``session.terminate`` (docs/design.md §7): as :meth:`Client.terminate`."""
-        return await self._call(_core.terminate(session_id, signal, grace_s, commands))
-
-    async def rescan(self) -> RescanResult:
-        """``reader.rescan``: the next observation walks the home from scratch."""
-        return await self._call(_core.rescan())
 
     async def call_raw(
         self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
@@ -241,24 +168,18 @@ class AsyncClient:
                 await stream.aclose()
 
 
-class AsyncSubscription:
+class AsyncSubscription(SubscriptionBase):
     """A ``sessions.subscribe`` subscription: an async iterator of
     :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
 
     Subscribes on entering (or on the first ``anext``); :meth:`aclose` (or
-    leaving the ``async with`` block) unsubscribes.
-
-    Raises (from iterating):
-        SubscriptionDropped: the daemon dropped the subscription (it fell
-            behind); subscribe again for a fresh full answer.
-        ConnectionLost: the daemon went away.
+    leaving the ``async with`` block) unsubscribes. Raises as
+    :class:`~._core.SubscriptionBase` says.
     """
 
     def __init__(self, client: AsyncClient, since: int | None, commands: bool = False) -> None:
+        super().__init__(since, commands)
         self._client = client
-        self._since = since
-        self._commands = commands
-        self.id: str | None = None
 
     async def __aenter__(self) -> AsyncSubscription:
         await self._start()
@@ -274,19 +195,14 @@ class AsyncSubscription:
         return await self._client._next_change(await self._start())
 
     async def _start(self) -> str:
-        if self.id is None:
-            result = await self._client._call(_core.subscribe(self._since, self._commands))
-            self.id = result.subscription
-            self._client._core.subscribed(self.id)
-        return self.id
+        if self.id is not None:
+            return self.id
+        return self._subscribed(self._client._core, await self._client._call(self._subscribe()))
 
     async def aclose(self) -> None:
         """Unsubscribe (if the connection is still there); idempotent."""
-        subscription, self.id = self.id, None
-        if subscription is None:
-            return
-        self._client._core.unsubscribed(subscription)
-        if self._client._stream is not None:
+        subscription = self._leave(self._client._core)
+        if subscription is not None and self._client._stream is not None:
             with anyio.CancelScope(shield=True):
                 await self._client._call(_core.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

@@ -5,25 +5,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from msgspec import Raw
 
 from . import _core
-from ._core import DEFAULT_TIMEOUT_S, MAX_REPLY_BYTES, Call, ClientCore
+from ._core import BaseClient, Call, ClientCore, SubscriptionBase
 from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .protocol import (
-    ActiveSessionsSnapshot,
-    LostReport,
-    MetricsResult,
-    PingResult,
-    RescanResult,
     SessionsChanged,
-    StatusResult,
-    TerminateReport,
-    TerminateSignal,
 )
 
 __all__ = ["Client", "Subscription"]
@@ -31,41 +22,15 @@ __all__ = ["Client", "Subscription"]
 T = TypeVar("T")
 
 
-class Client:
+class Client(BaseClient):
     """Talks to capsuled, blocking. Not thread-safe: one per thread.
 
-    Args:
-        socket_path: the daemon's socket; default per docs/design.md §2
-            (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
-        timeout_s: seconds to wait for each reply (long polls wait longer).
-        max_reply_bytes: the longest line accepted from the daemon (default
-            1 GiB: a reconcile of 300,000 lost works is about 90 MB).
-
-    Raises (from every method):
-        DaemonNotRunning: nothing accepts connections on the socket.
-        RequestTimeout: no reply in time (the connection is closed).
-        ConnectionLost: the daemon closed the connection before answering.
-        ProtocolError: what came back is not a JSON-RPC reply, or is longer
-            than ``max_reply_bytes`` (the connection is closed).
-        RemoteError: the daemon answered an error (a subclass per code).
-        ClientClosed: the client was used after :meth:`close`.
+    Args and raises: as :class:`~._core.BaseClient` says.
     """
 
-    def __init__(
-        self,
-        socket_path: str | Path | None = None,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ) -> None:
-        self._core = ClientCore(socket_path, timeout_s, max_reply_bytes)
+    def _unconnected(self) -> None:
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
-
-    @property
-    def socket_path(self) -> Path:
-        """The socket this client talks to."""
-        return self._core.socket_path
 
     def __enter__(self) -> Client:
         return self
@@ -83,40 +48,13 @@ class Client:
         self._core.closed = True
         self._disconnect()
 
-    def ping(self) -> PingResult:
-        """``ping``: is the daemon there, and which version."""
-        return self._call(_core.ping())
-
-    def status(self) -> StatusResult:
-        """``status``: the daemon's state and counters."""
-        return self._call(_core.status())
-
-    def snapshot(
-        self,
-        *,
-        task: str | None = None,
-        timeout_ms: int | None = None,
-        max_age_ms: int | None = None,
-        since: int | None = None,
-        usage: bool = False,
-        fresh: bool = False,
-        commands: bool = False,
-    ) -> ActiveSessionsSnapshot:
-        """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
-
-        Args:
-            commands: each process carries ``command``, its argv as the OS
-                says it (``None`` where it does not), docs/design.md §5.
-            fresh: read-your-writes: the answer reflects every receipt, store
-                row and process exit completed before the call (``max_age_ms=0``:
-                the daemon waits for its watch's barrier, then observes).
-
-        Raises:
-            ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
-        """
-        return self._call(
-            _core.snapshot(task, timeout_ms, max_age_ms, since, usage, fresh, commands)
-        )
+    ping = _core.blocking(_core.ping)
+    status = _core.blocking(_core.status)
+    snapshot = _core.blocking(_core.snapshot)
+    reconcile = _core.blocking(_core.reconcile)
+    metrics = _core.blocking(_core.metrics)
+    terminate = _core.blocking(_core.terminate)
+    rescan = _core.blocking(_core.rescan)
 
     def subscribe(self, *, since: int | None = None, commands: bool = False) -> Subscription:
         """``sessions.subscribe``: iterate the answer's changes as they happen.
@@ -130,38 +68,6 @@ class Client:
         See :class:`Subscription`.
         """
         return Subscription(self, since, commands)
-
-    def reconcile(self, from_session: str, this_session: str, context_id: str) -> LostReport | None:
-        """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
-        return self._call(_core.reconcile(from_session, this_session, context_id))
-
-    def metrics(self) -> MetricsResult:
-        """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
-        return self._call(_core.metrics())
-
-    def terminate(
-        self,
-        session_id: str,
-        *,
-        signal: TerminateSignal = "TERM",
-        grace_s: float = 5.0,
-        commands: bool = False,
-    ) -> TerminateReport:
-        """``session.terminate`` (docs/design.md §7): signal every live process of the
-        session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
-
-        The call waits the grace out (the client's timeout is raised to cover it).
-        With ``commands``, each process carries its ``command`` (docs/design.md §5).
-
-        Raises:
-            NoSuchSession: the session is not active in the daemon's fresh observation.
-            ValueError: ``grace_s`` is outside [0, 3600].
-        """
-        return self._call(_core.terminate(session_id, signal, grace_s, commands))
-
-    def rescan(self) -> RescanResult:
-        """``reader.rescan``: the next observation walks the home from scratch."""
-        return self._call(_core.rescan())
 
     def call_raw(
         self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
@@ -290,25 +196,18 @@ class Client:
         self._buffer.clear()
 
 
-class Subscription:
+class Subscription(SubscriptionBase):
     """A ``sessions.subscribe`` subscription: an iterator of
     :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
 
     Subscribes on entering (or on the first ``next``); :meth:`close` (or
     leaving the ``with`` block) unsubscribes. Iterating blocks until the
-    daemon sends a change.
-
-    Raises (from iterating):
-        SubscriptionDropped: the daemon dropped the subscription (it fell
-            behind); subscribe again for a fresh full answer.
-        ConnectionLost: the daemon went away.
+    daemon sends a change. Raises as :class:`~._core.SubscriptionBase` says.
     """
 
     def __init__(self, client: Client, since: int | None, commands: bool = False) -> None:
+        super().__init__(since, commands)
         self._client = client
-        self._since = since
-        self._commands = commands
-        self.id: str | None = None
 
     def __enter__(self) -> Subscription:
         self._start()
@@ -332,18 +231,13 @@ class Subscription:
         return self._client._next_change(self._start(), timeout_s)
 
     def _start(self) -> str:
-        if self.id is None:
-            result = self._client._call(_core.subscribe(self._since, self._commands))
-            self.id = result.subscription
-            self._client._core.subscribed(self.id)
-        return self.id
+        if self.id is not None:
+            return self.id
+        return self._subscribed(self._client._core, self._client._call(self._subscribe()))
 
     def close(self) -> None:
         """Unsubscribe (if the connection is still there); idempotent."""
-        subscription, self.id = self.id, None
-        if subscription is None:
-            return
-        self._client._core.unsubscribed(subscription)
-        if self._client._sock is not None:
+        subscription = self._leave(self._client._core)
+        if subscription is not None and self._client._sock is not None:
             self._client._call(_core.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

@@ -7,10 +7,13 @@ exceptions and decoding typed results live here once; ``Client`` and
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Concatenate, Final, Generic, ParamSpec, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw
@@ -38,9 +41,19 @@ from .protocol import (
 )
 from .trace import DEFAULT_LOCK_TIMEOUT_S
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Call", "ClientCore"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "BaseClient",
+    "Call",
+    "ClientCore",
+    "SubscriptionBase",
+    "awaiting",
+    "blocking",
+]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+M = TypeVar("M", bound=Callable[..., Any])
 
 #: Seconds a client waits for a reply unless told otherwise.
 DEFAULT_TIMEOUT_S: Final = 5.0
@@ -102,23 +115,43 @@ def _decoder_for(result_type: Any) -> msgspec.json.Decoder[Any]:
     return decoder
 
 
+# The methods both clients offer, once: each builds its ``Call`` (no I/O);
+# :func:`blocking` and :func:`awaiting` make it a ``Client`` and an
+# ``AsyncClient`` method with the same signature and docstring.
+
+
 def ping() -> Call[PingResult]:
+    """``ping``: is the daemon there, and which version."""
     return Call("ping", None, PingResult)
 
 
 def status() -> Call[StatusResult]:
+    """``status``: the daemon's state and counters."""
     return Call("status", None, StatusResult)
 
 
 def snapshot(
-    task: str | None,
-    timeout_ms: int | None,
-    max_age_ms: int | None,
-    since: int | None,
+    *,
+    task: str | None = None,
+    timeout_ms: int | None = None,
+    max_age_ms: int | None = None,
+    since: int | None = None,
     usage: bool = False,
     fresh: bool = False,
     commands: bool = False,
 ) -> Call[ActiveSessionsSnapshot]:
+    """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
+
+    Args:
+        commands: each process carries ``command``, its argv as the OS
+            says it (``None`` where it does not), docs/design.md §5.
+        fresh: read-your-writes: the answer reflects every receipt, store
+            row and process exit completed before the call (``max_age_ms=0``:
+            the daemon waits for its watch's barrier, then observes).
+
+    Raises:
+        ValueError: ``fresh`` with a ``max_age_ms`` other than 0.
+    """
     if fresh:
         if max_age_ms not in (None, 0):
             raise ValueError("fresh=True asks for max_age_ms=0; do not pass another max_age_ms")
@@ -144,6 +177,7 @@ def snapshot(
 
 
 def reconcile(from_session: str, this_session: str, context_id: str) -> Call[LostReport | None]:
+    """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
     params = {"from_session": from_session, "this_session": this_session, "context_id": context_id}
     # The daemon may wait this long for the trace's lock, then scan: don't give up first.
     wait_s = DEFAULT_LOCK_TIMEOUT_S + _RECONCILE_SCAN_ALLOWANCE_S
@@ -151,17 +185,32 @@ def reconcile(from_session: str, this_session: str, context_id: str) -> Call[Los
 
 
 def metrics() -> Call[MetricsResult]:
+    """``metrics``: the daemon's figures as OpenMetrics text (docs/design.md §7)."""
     return Call("metrics", None, MetricsResult)
 
 
 def rescan() -> Call[RescanResult]:
+    """``reader.rescan``: the next observation walks the home from scratch."""
     return Call("reader.rescan", None, RescanResult)
 
 
 def terminate(
-    session_id: str, signal: TerminateSignal, grace_s: float, commands: bool = False
+    session_id: str,
+    *,
+    signal: TerminateSignal = "TERM",
+    grace_s: float = 5.0,
+    commands: bool = False,
 ) -> Call[TerminateReport]:
-    """``session.terminate``: the client waits out the grace, the kill and an observation."""
+    """``session.terminate`` (docs/design.md §7): signal every live process of the
+    session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
+
+    The call waits the grace out (the client's timeout is raised to cover it).
+    ``commands``: each process in the report carries its ``command``.
+
+    Raises:
+        NoSuchSession: the session is not active in the daemon's fresh observation.
+        ValueError: ``grace_s`` is outside [0, 3600].
+    """
     if not 0 <= grace_s <= 3600:
         raise ValueError(f"grace_s must be within [0, 3600] seconds, not {grace_s!r}")
     grace_ms = round(grace_s * 1000)
@@ -170,6 +219,50 @@ def terminate(
         params["commands"] = True
     wait_s = grace_ms / 1000 + _TERMINATE_ALLOWANCE_S
     return Call("session.terminate", params, TerminateReport, min_timeout_s=wait_s)
+
+
+class _Blocking(Protocol):
+    def _call(self, call: Call[T]) -> T: ...
+
+
+class _Awaiting(Protocol):
+    async def _call(self, call: Call[T]) -> T: ...
+
+
+def blocking(build: Callable[P, Call[T]]) -> Callable[Concatenate[_Blocking, P], T]:
+    """``build`` as a method of the blocking client: build the call, send it, return its result."""
+
+    @functools.wraps(build)
+    def method(self: _Blocking, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._call(build(*args, **kwargs))
+
+    return _as_method(method, build)
+
+
+def awaiting(
+    build: Callable[P, Call[T]],
+) -> Callable[Concatenate[_Awaiting, P], Coroutine[Any, Any, T]]:
+    """``build`` as a method of the async client: the same, awaited."""
+
+    @functools.wraps(build)
+    async def method(self: _Awaiting, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._call(build(*args, **kwargs))
+
+    return _as_method(method, build)
+
+
+def _as_method(method: M, build: Callable[..., Any]) -> M:
+    """``method`` with ``build``'s signature as ``help()`` shows it: ``self`` first, the
+    result in place of its ``Call``."""
+    signature = inspect.signature(build)
+    result = signature.return_annotation
+    if isinstance(result, str) and result.startswith("Call[") and result.endswith("]"):
+        result = result[len("Call[") : -1]
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[self, *signature.parameters.values()], return_annotation=result
+    )
+    return method
 
 
 def subscribe(since: int | None, commands: bool = False) -> Call[SubscribeResult]:
@@ -183,6 +276,75 @@ def subscribe(since: int | None, commands: bool = False) -> Call[SubscribeResult
 
 def unsubscribe(subscription: str) -> Call[UnsubscribeResult]:
     return Call("sessions.unsubscribe", {"subscription": subscription}, UnsubscribeResult)
+
+
+class BaseClient:
+    """What both clients hold and do without I/O (after httpx's ``BaseClient``).
+
+    Args:
+        socket_path: the daemon's socket; default per docs/design.md §2
+            (``$CAPSULED_SOCKET``, ``$XDG_RUNTIME_DIR/capsuled.sock``, ...).
+        timeout_s: seconds to wait for each reply (long polls wait longer).
+        max_reply_bytes: the longest line accepted from the daemon (default
+            1 GiB: a reconcile of 300,000 lost works is about 90 MB).
+
+    Raises (from every method of either client):
+        DaemonNotRunning: nothing accepts connections on the socket.
+        RequestTimeout: no reply in time (the connection is closed).
+        ConnectionLost: the daemon closed the connection before answering.
+        ProtocolError: what came back is not a JSON-RPC reply, or is longer
+            than ``max_reply_bytes`` (the connection is closed).
+        RemoteError: the daemon answered an error (a subclass per code).
+        ClientClosed: the client was used after it was closed.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> None:
+        self._core = ClientCore(socket_path, timeout_s, max_reply_bytes)
+        self._unconnected()
+
+    def _unconnected(self) -> None:
+        """Set the client's connection state to "no connection yet" (each client's own)."""
+
+    @property
+    def socket_path(self) -> Path:
+        """The socket this client talks to."""
+        return self._core.socket_path
+
+
+class SubscriptionBase:
+    """What both subscriptions share: the ask, the id, and the core's book-keeping.
+
+    Raises (from iterating either subscription):
+        SubscriptionDropped: the daemon dropped the subscription (it fell
+            behind); subscribe again for a fresh full answer.
+        ConnectionLost: the daemon went away.
+    """
+
+    def __init__(self, since: int | None, commands: bool) -> None:
+        self._since = since
+        self._commands = commands
+        self.id: str | None = None
+
+    def _subscribe(self) -> Call[SubscribeResult]:
+        return subscribe(self._since, self._commands)
+
+    def _subscribed(self, core: ClientCore, result: SubscribeResult) -> str:
+        self.id = result.subscription
+        core.subscribed(self.id)
+        return self.id
+
+    def _leave(self, core: ClientCore) -> str | None:
+        """Forget the subscription; its id, to unsubscribe with (None: not subscribed)."""
+        subscription, self.id = self.id, None
+        if subscription is not None:
+            core.unsubscribed(subscription)
+        return subscription
 
 
 class ClientCore:

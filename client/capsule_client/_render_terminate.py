@@ -11,7 +11,7 @@ from ._render_tree import cut, shown, terminal_width, tree, wide_argument
 from ._text import one_line
 from .protocol import TerminatedProcess, TerminateReport, TerminateSignal
 
-__all__ = ["render_terminate", "terminate_arguments", "terminate_command"]
+__all__ = ["GRACE_MAX_S", "grace_s", "render_terminate", "terminate_arguments", "terminate_command"]
 
 _SIGNALS: tuple[TerminateSignal, ...] = ("TERM", "INT", "HUP", "KILL")
 #: The longest ``--grace``: the daemon's bound on ``grace_ms``.
@@ -76,7 +76,8 @@ def _signal(text: str) -> TerminateSignal:
     raise argparse.ArgumentTypeError(f"must be one of {', '.join(_SIGNALS)}, not {text!r}")
 
 
-def _grace_s(text: str) -> float:
+def grace_s(text: str) -> float:
+    """``--grace``'s type: seconds within [0, ``GRACE_MAX_S``] (argparse's error otherwise)."""
     try:
         value = float(text)
     except ValueError:
@@ -101,7 +102,7 @@ def terminate_arguments(parser: argparse.ArgumentParser) -> None:
     wide_argument(parser)
     parser.add_argument(
         "--grace",
-        type=_grace_s,
+        type=grace_s,
         default=5.0,
         metavar="S",
         help="seconds the processes have to exit before SIGKILL (default: 5)",
@@ -111,7 +112,9 @@ def terminate_arguments(parser: argparse.ArgumentParser) -> None:
 def terminate_command(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Run ``capsulectl terminate``; exit status 0 (errors are raised to ``main``)."""
     if args.json:
-        call = _core.terminate(args.session_id, args.signal, args.grace, commands=True)
+        call = _core.terminate(
+            args.session_id, signal=args.signal, grace_s=args.grace, commands=True
+        )
         raw = client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)
         out.write(raw.decode() + "\n")
         return 0

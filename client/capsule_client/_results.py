@@ -345,10 +345,14 @@ class StatusResult(Struct):
         clients: connections open now.
         notes: plain-language remarks (e.g. why there is no observation yet).
         subscriptions: ``sessions.subscribe`` subscriptions open now.
-        exit_watch: how process exits are noticed: ``pidfd`` (each watched
+        exit_watch: how process exits are noticed: ``pidfd`` (every watched
             process has a descriptor that wakes discovery when it exits) or
-            ``sampling`` (only the periodic sample notices).
+            ``sampling`` (the periodic sample notices some or all of them:
+            ``sampled`` says how many).
         pidfds: exit descriptors held now.
+        sampled: watched processes whose exit only the periodic sample
+            notices (no pidfd on this system, past the pidfds' share, or the
+            daemon out of descriptors); 0 from daemons before it was added.
         long_polls: ``sessions.snapshot`` requests with ``since`` waiting
             for a change now.
         watch: the watch's backend, watched and polled directories, overflows.
@@ -371,6 +375,7 @@ class StatusResult(Struct):
     subscriptions: int = 0
     exit_watch: ExitWatchMode = "sampling"
     pidfds: int = 0
+    sampled: int = 0
     long_polls: int = 0
     watch: WatchStatus | None = None
     verification: VerificationStatus | None = None

@@ -24,6 +24,7 @@ from ._follow import follow_changes, follow_top
 from ._render import print_json, quiet_stdout, render_reconcile, render_sessions, render_status
 from ._render_terminate import terminate_arguments, terminate_command
 from ._render_tree import terminal_width, wide_argument
+from ._run_cli import run_arguments, run_command
 from .paths import MAX_SOCKET_PATH_BYTES, default_socket, lock_path_for
 
 __all__ = ["main"]
@@ -43,6 +44,15 @@ class Subcommand(NamedTuple):
     """One ``capsulectl`` command: what runs it, its help line, and its own arguments."""
 
     run: Command
+    help: str
+    arguments: Arguments | None = None
+
+
+class Standalone(NamedTuple):
+    """A command that runs without a connected client (it connects, or goes on, itself):
+    given the arguments and the socket, it returns the exit status."""
+
+    run: Callable[[argparse.Namespace, Path], int]
     help: str
     arguments: Arguments | None = None
 
@@ -115,6 +125,51 @@ def _metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _mcp(args: argparse.Namespace, socket_path: Path) -> int:
+    """The MCP server on stdio (docs/design.md §11), until the agent host closes it.
+
+    The SDK is imported here and nowhere else: the other commands never load it.
+    """
+    try:
+        from ._mcp import SESSION_VARIABLE, McpOptions, serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith(__package__ or "capsule_client"):
+            raise
+        print(
+            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}). Install the extra: "
+            "`pip install 'capsuled[mcp]'` (with pipx: `pipx inject capsuled mcp`).",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import anyio
+
+    options = McpOptions(
+        socket_path,
+        timeout_s=getattr(args, "timeout", DEFAULT_TIMEOUT_S),
+        allow_terminate=args.allow_terminate,
+        any_session=args.any_session,
+        session_id=os.environ.get(SESSION_VARIABLE) or None,
+    )
+    try:
+        anyio.run(lambda: serve(options, version=_version()))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-terminate",
+        action="store_true",
+        help="offer the tool terminate_session, which stops every process of a session",
+    )
+    parser.add_argument(
+        "--any-session",
+        action="store_true",
+        help="let terminate_session stop any session, not only the one in $CAPSULE_SESSION_ID",
+    )
+
+
 def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("from_session", metavar="FROM", help="the prior session, ses_...")
     parser.add_argument(
@@ -149,7 +204,7 @@ def _top_arguments(parser: argparse.ArgumentParser) -> None:
 
 #: Every command, in the order ``--help`` lists them. A new command is its
 #: function (and its arguments' function, if it takes any) plus one line here.
-COMMANDS: Final[dict[str, Subcommand]] = {
+COMMANDS: Final[dict[str, Subcommand | Standalone]] = {
     "ping": Subcommand(_ping, "check that the daemon answers"),
     "status": Subcommand(_status, "the daemon's state, watcher, last observation and counters"),
     "sessions": Subcommand(
@@ -182,6 +237,17 @@ COMMANDS: Final[dict[str, Subcommand]] = {
         terminate_command,
         "signal every process of an active session, SIGKILL what is left after the grace",
         terminate_arguments,
+    ),
+    "run": Standalone(
+        run_command,
+        "run CMD as a session nothing it starts escapes; report what it left at its exit",
+        run_arguments,
+    ),
+    "mcp": Standalone(
+        _mcp,
+        "an MCP server on stdio: an agent's tools to see (and, with --allow-terminate, "
+        "stop) what its session runs; needs the extra capsuled[mcp]",
+        _mcp_arguments,
     ),
 }
 
@@ -308,7 +374,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     options: dict[str, Any] = {"socket": None, "json": False, "timeout": DEFAULT_TIMEOUT_S}
     options.update({k: v for k, v in vars(args).items() if k in options})
     args.json = options["json"]
-    command = COMMANDS[args.command].run
+    entry = COMMANDS[args.command]
     socket_path = default_socket() if options["socket"] is None else Path(options["socket"])
     if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES:
         print(
@@ -317,9 +383,11 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if isinstance(entry, Standalone):
+        return entry.run(args, socket_path)
     try:
         with Client(socket_path, timeout_s=options["timeout"]) as client:
-            code = command(client, args, out)
+            code = entry.run(client, args, out)
             out.flush()  # a closed pipe is noticed here, not at the exit's flush
             return code
     except BrokenPipeError:  # `capsulectl sessions --json | head -c 100`: the reader left

@@ -133,6 +133,23 @@ class OwnershipStore:
             (session_id, context_id, title, created),
         )
 
+    def ensure_session(
+        self, session_id: str, *, context_id: str | None = None, title: str | None = None
+    ) -> None:
+        """Create the session if it is missing; set its context and title only where given.
+
+        Unlike :meth:`register_session`, a resumed session keeps the context and
+        title it has when they are not given again (``capsulectl run --session``).
+        """
+        self._db.execute(
+            "INSERT INTO sessions (session_id, context_id, title, created_at)"
+            " VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (session_id) DO UPDATE SET"
+            " context_id = coalesce(excluded.context_id, context_id),"
+            " title = coalesce(excluded.title, title)",
+            (session_id, context_id, title, int(time.time())),
+        )
+
     def register_input(self, input_id: str, session_id: str) -> None:
         """Say that ``session_id`` owns the input ``input_id`` (and its provider clients)."""
         self._db.execute(
@@ -170,6 +187,17 @@ class OwnershipStore:
             (pid, start, session_id),
         )
         return start
+
+    def release_process(self, pid: int, started_at_s: int) -> bool:
+        """Drop the (pid, start) row: the process is no longer a session's own.
+
+        Its descendants already seen stay listed until they exit (docs/design.md §5).
+        Returns whether a row was dropped.
+        """
+        cursor = self._db.execute(
+            "DELETE FROM session_processes WHERE pid = ? AND started_at = ?", (pid, started_at_s)
+        )
+        return cursor.rowcount > 0
 
     def close(self) -> None:
         """Close the connection."""

@@ -76,3 +76,36 @@ def test_top_shows_cpu_and_memory_per_process() -> None:
     assert lines[2].split() == ["SESSION", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND"]
     assert lines[3].split() == ["ses_a", "10", "exec", "12.5", "3.0M", "1m30s", "job", "10"]
     assert lines[4].split() == ["(unowned)", "11", "exec", "-", "-", "1m30s", "job", "11"]
+
+
+def test_watch_cuts_to_the_width_and_wide_shows_the_receipts() -> None:
+    shell = SessionProcess(
+        kind="exec",
+        pid=10,
+        started_at=int(NOW),
+        exec_id="exe_build",
+        receipt="runtime/exec-processes/exe_build.json",
+        command=["sh", "-c", "npm run dev & tsc --watch"],
+    )
+    child = SessionProcess(
+        kind="descendant", pid=11, started_at=int(NOW), parent_pid=10, root_pid=10, command=["tsc"]
+    )
+    first = change(4, full=True, added=[Session("ses_a", None, [shell, child])])
+    lines = ChangePrinter(width=30).render(first, now_s=NOW).splitlines()
+    assert lines[2] == "      exec        10  sh -c '…"
+    assert lines[3] == "      descendant  11   \\_ tsc"
+    wide = ChangePrinter(width=30, wide=True).render(first, now_s=NOW).splitlines()
+    assert wide[2].split() == [
+        "exec",
+        "10",
+        "exe_build",
+        "runtime/exec-processes/exe_build.json",
+        "sh",
+        "-c",
+        "'npm",
+        "run",
+        "dev",
+        "&",
+        "tsc",
+        "--watch'",
+    ]

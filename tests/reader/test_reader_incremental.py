@@ -58,21 +58,21 @@ def test_a_trusting_reader_reads_only_what_the_feed_reports(world: World) -> Non
     process = world.pool.start()
     path = world.exec_receipt("exe_1", process.pid, command="first")
     reader = trusting(world)
-    assert reader.observe().snapshot.unowned[0].command == "first"
+    assert reader.observe().snapshot.unowned[0].receipt_command == "first"
 
     world.exec_receipt("exe_1", process.pid, command="second")  # not reported
     quiet = reader.observe().snapshot
     assert quiet.cost.receipts == 0
-    assert quiet.unowned[0].command == "first"  # trusted: the watcher would have said
+    assert quiet.unowned[0].receipt_command == "first"  # trusted: the watcher would have said
 
     world.feed.add([path])
     fed = reader.observe().snapshot
     assert fed.cost.receipts == 1
-    assert fed.unowned[0].command == "second"
+    assert fed.unowned[0].receipt_command == "second"
 
     world.exec_receipt("exe_1", process.pid, command="third")
     reader.invalidate()  # the periodic rescan is the net under a lost event
-    assert reader.observe().snapshot.unowned[0].command == "third"
+    assert reader.observe().snapshot.unowned[0].receipt_command == "third"
 
 
 def test_an_exit_drops_receipts_without_reading_them(world: World) -> None:

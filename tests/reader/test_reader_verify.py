@@ -86,7 +86,9 @@ def test_a_candidate_rewritten_in_place_is_found(world: World) -> None:
     donor.unlink()
     age(path.parent)
     verified = verify(reader)
-    assert [(p.pid, p.command) for p in verified.snapshot.unowned] == [(second.pid, "rewritten")]
+    assert [(p.pid, p.receipt_command) for p in verified.snapshot.unowned] == [
+        (second.pid, "rewritten")
+    ]
     assert verified.verified is not None
     assert str(path) in verified.verified.missed
 

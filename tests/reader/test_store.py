@@ -206,3 +206,25 @@ def test_a_replaced_store_is_read_afresh(db: Path) -> None:
         assert reader.session_process_ownership(["inp_a"], [], []).inputs == {"inp_a": "ses_new"}
     finally:
         reader.close()
+
+
+def test_ensure_session_keeps_what_is_not_given_again(db: Path) -> None:
+    with OwnershipStore(db) as store:
+        store.ensure_session("ses_a", context_id="ctx", title="first")
+        store.ensure_session("ses_a")  # `capsulectl run --session ses_a` without a title
+        store.ensure_session("ses_a", title="second")
+    with sqlite3.connect(db) as raw:
+        rows = raw.execute("SELECT context_id, title FROM sessions").fetchall()
+    assert rows == [("ctx", "second")]
+
+
+def test_release_process_drops_only_that_row(db: Path) -> None:
+    with OwnershipStore(db) as store:
+        store.register_session("ses_a")
+        store.register_process(100, "ses_a", started_at_s=1000)
+        store.register_process(101, "ses_a", started_at_s=1000)
+        assert store.release_process(100, 1000)
+        assert not store.release_process(100, 1000)
+        assert not store.release_process(101, 999)  # another start: another process
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT pid FROM session_processes").fetchall() == [(101,)]

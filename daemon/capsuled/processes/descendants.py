@@ -66,6 +66,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from capsuled.common.shortage import is_shortage
+
 from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
 from .table import thread_group_id as _tgid
 
@@ -182,9 +184,10 @@ class _ExitPoll:
             except ProcessLookupError:
                 del members[pid]
                 continue
-            except OSError:  # the descriptor table is full: stat reads for the rest
-                self.max_pidfds = len(self._held)
-                continue
+            except OSError as exc:
+                if not is_shortage(exc):  # refused for good (a sandbox): stat reads
+                    self.max_pidfds = len(self._held)
+                break  # short of descriptors: stat reads for the rest, this time
             reads += 1
             stat = proc_stat(pid)  # the pid may have been reused before the open
             if stat is None or not stat.live or stat.start_ticks != member.start_ticks:

@@ -32,6 +32,7 @@ from typing import TypeAlias
 import psutil
 
 from capsule_client._proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsuled.common.shortage import is_shortage
 
 from .table import ProcessTable, last_pid
 
@@ -71,7 +72,11 @@ def _sample_proc(stats: dict[int, ProcStat] | None = None) -> dict[int, float]:
         pid = int(name)
         try:
             stat = read_stat(pid)
-        except (OSError, ValueError):  # exited since the listing, hidden from us, or torn
+        except OSError as exc:  # exited since the listing, or hidden from us
+            if is_shortage(exc):  # the daemon's trouble: the process may well run
+                raise
+            continue
+        except ValueError:  # torn
             continue
         if stat.state not in NOT_LIVE_STATES:
             # start_time_s(), inlined: this line runs once per process per sample.
@@ -107,7 +112,10 @@ def sample_processes() -> dict[int, float]:
     Blocking (reads ``/proc`` or calls psutil); run it in a worker thread.
 
     Raises:
-        OSError: the process table could not be listed at all.
+        OSError: the process table could not be listed at all, or a process
+            could not be read for a shortage of the daemon's own
+            (:func:`capsuled.common.shortage.is_shortage`): a sample that lost a
+            live process would end its receipts' liveness.
     """
     return _sampler()
 

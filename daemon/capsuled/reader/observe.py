@@ -65,6 +65,7 @@ from typing import Final
 
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Action, action
 from capsuled.processes.sample import (
     PartialSample,
@@ -77,7 +78,7 @@ from capsuled.processes.table import ProcessTable
 from capsuled.watch.changes import ChangeFeed
 
 from .candidates import Candidates, wire_text
-from .errors import Errors, ObservationCancelled, Unavailable
+from .errors import Errors, ObservationCancelled, Shortage, Unavailable
 from .generations import Generations
 from .home import Home, HomeReplaced
 from .lineage import Lineage, roots_of
@@ -112,12 +113,16 @@ class Observation:
             exit changes the answer (``capsuled.processes.exits`` watches them). None
             when the observation could not say (``unavailable``).
         verified: what a verification found; None when it did not verify.
+        shortage: the observation failed because the daemon is short of
+            descriptors or memory (``unavailable``, docs/design.md §8): the
+            caller retries soon, nothing on disk needs to change first.
     """
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
     watched: Mapping[int, float] | None = None
     verified: Verified | None = None
+    shortage: bool = False
 
 
 class ActiveSessionReader:
@@ -134,6 +139,7 @@ class ActiveSessionReader:
         generations: the answer counter to continue; a new one when omitted.
         trust_watcher: whether a watcher feeds ``changes`` (may be changed
             between observations: the daemon sets it from its watcher mode).
+        lineage: the sessions' descendants; a new one when omitted.
 
     Attributes:
         held: pid → (start time, Unix s; pidfd) of the processes the daemon's
@@ -177,6 +183,7 @@ class ActiveSessionReader:
         cancel: threading.Event | None = None,
         generations: Generations | None = None,
         trust_watcher: bool = False,
+        lineage: Lineage | None = None,
     ) -> None:
         self._home = Home(home)
         self.home = self._home.path
@@ -195,7 +202,7 @@ class ActiveSessionReader:
         self._pending: set[str] = set()
         self._table: ProcessTable | None = None  # the latest sample's, for the descendants
         #: The sessions' descendants, also looked for between observations.
-        self.lineage = Lineage()
+        self.lineage = Lineage() if lineage is None else lineage
 
     @property
     def _cost(self) -> DiscoveryCost:
@@ -243,6 +250,7 @@ class ActiveSessionReader:
         home_replaced = False
         watched: dict[int, float] | None = None
         verified: Verified | None = None
+        shortage = False
         try:
             watched, verified = self._observe_into(snapshot, verify_barrier_ns)
         except ObservationCancelled:
@@ -251,19 +259,26 @@ class ActiveSessionReader:
         except Unavailable as exc:
             self._owe_rescan()
             home_replaced = isinstance(exc, HomeReplaced)
+            shortage = isinstance(exc, Shortage)
             _unavailable(snapshot, str(exc))
         except StoreUnavailable as exc:
             self._owners.forget()
+            shortage = exc.shortage is not None
             _unavailable(snapshot, str(exc))
         except OSError as exc:
             self._owe_rescan()
-            _unavailable(snapshot, f"observation failed: {exc}")
+            shortage = is_shortage(exc)
+            _unavailable(
+                snapshot, shortage_gap(exc.errno) if shortage else f"observation failed: {exc}"
+            )
         cost.retained = len(self._candidates)
         if isinstance(self._receipts.sample, PartialSample):
             cost.process_stats += self._receipts.sample.reads
         snapshot.gaps = [wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
-        return Observation(self.generations.stamp(snapshot), home_replaced, watched, verified)
+        return Observation(
+            self.generations.stamp(snapshot), home_replaced, watched, verified, shortage
+        )
 
     def _observe_into(
         self, snapshot: ActiveSessionsSnapshot, verify_barrier_ns: int | None

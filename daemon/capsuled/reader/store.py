@@ -26,6 +26,7 @@ stability check (docs/design.md §5 step 4) compares versions instead of queryin
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import stat
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
+from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 
@@ -55,7 +57,32 @@ StoreVersion = tuple[int, int, int] | None
 
 class StoreUnavailable(Exception):
     """The store exists but cannot be read: corrupt, locked past the timeout,
-    unreadable, or of another ``user_version``. The message says which."""
+    unreadable, or of another ``user_version``. The message says which.
+
+    ``shortage`` is the errno when the daemon, not the store, is short
+    (out of descriptors or memory, docs/design.md §8); None otherwise.
+    """
+
+    def __init__(self, message: str, shortage: int | None = None) -> None:
+        super().__init__(message)
+        self.shortage = shortage
+
+
+def _unavailable(message: str, exc: BaseException) -> StoreUnavailable:
+    """A :class:`StoreUnavailable` for ``exc``: the shortage's gap when the daemon is short.
+
+    SQLite's own errors carry no errno ("unable to open database file"):
+    a probe tells whether the daemon can open a descriptor at all.
+    """
+    if is_shortage(exc):
+        assert isinstance(exc, OSError)
+        return StoreUnavailable(shortage_gap(exc.errno), exc.errno)
+    if isinstance(exc, sqlite3.Error):
+        nomem = getattr(exc, "sqlite_errorname", None) == "SQLITE_NOMEM"
+        if nomem or descriptors_short():
+            code = errno.ENOMEM if nomem else errno.EMFILE
+            return StoreUnavailable(shortage_gap(code), code)
+    return StoreUnavailable(message)
 
 
 @dataclass(frozen=True)
@@ -132,14 +159,14 @@ class OwnershipReader:
             self.close()
             return None
         except OSError as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         identity = (st.st_dev, st.st_ino)
         try:
             db = self._connect(identity)  # checks the files are regular when it opens
             ((data_version,),) = db.execute("PRAGMA data_version").fetchall()  # ends the read
         except sqlite3.Error as exc:
             self.close()
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         return (*identity, int(data_version))
 
     def session_process_ownership(
@@ -165,7 +192,7 @@ class OwnershipReader:
                 gaps=(f"ownership store {self.path} does not exist; nobody owns anything",)
             )
         except OSError as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         asked = sorted(set(inputs)), sorted(set(execs)), None if pids is None else sorted(set(pids))
         try:
             db = self._connect((st.st_dev, st.st_ino))
@@ -176,7 +203,7 @@ class OwnershipReader:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
             self.close()
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         except StoreUnavailable:
             self.close()
             raise
@@ -196,7 +223,7 @@ class OwnershipReader:
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be opened: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be opened: {exc}", exc) from exc
         self._db, self._identity = db, identity
         return db
 
@@ -209,8 +236,8 @@ class OwnershipReader:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StoreUnavailable(
-                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}"
+                raise _unavailable(
+                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}", exc
                 ) from exc
             if not stat.S_ISREG(mode):
                 raise StoreUnavailable(

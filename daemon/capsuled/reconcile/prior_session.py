@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, ParamSpec
 
 import msgspec
 
@@ -53,6 +53,8 @@ __all__ = ["Reconciled", "lost_message", "reconcile", "reconcile_marking"]
 
 # --------------------------------------------------------------------------
 # Report
+
+P = ParamSpec("P")
 
 
 def _detached(detached_at_ms: int) -> str:
@@ -240,30 +242,6 @@ class Reconciled(NamedTuple):
     marked: bool
 
 
-def reconcile(
-    records_root: str | os.PathLike[str],
-    from_session: str,
-    this_session: str,
-    context_id: str,
-    *,
-    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
-    cancelled: Callable[[], bool] | None = None,
-) -> LostReport | None:
-    """Mark and report the background work ``from_session`` left unaccounted (docs/design.md §6).
-
-    :func:`reconcile_marking`'s report alone; the arguments, the result and
-    the errors are the same.
-    """
-    return reconcile_marking(
-        records_root,
-        from_session,
-        this_session,
-        context_id,
-        lock_timeout_s=lock_timeout_s,
-        cancelled=cancelled,
-    ).report
-
-
 def reconcile_marking(
     records_root: str | os.PathLike[str],
     from_session: str,
@@ -355,3 +333,16 @@ def reconcile_marking(
     lost = [detached.work for detached in pending]
     trust = scan.trust_of(w.work_id for w in lost)
     return Reconciled(_report(from_session, context_id, task_id, lost, trust), marked=True)
+
+
+def _report_only(marking: Callable[P, Reconciled]) -> Callable[P, LostReport | None]:
+    def reconcile(*args: P.args, **kwargs: P.kwargs) -> LostReport | None:
+        """Mark and report the background work ``from_session`` left unaccounted
+        (docs/design.md §6): :func:`reconcile_marking`'s report alone, with the
+        same arguments and errors."""
+        return marking(*args, **kwargs).report
+
+    return reconcile
+
+
+reconcile = _report_only(reconcile_marking)
