@@ -26,8 +26,12 @@ test: lint test-tools
 # What the tests run beside the daemon: Debian's node_exporter scrapes the
 # metrics textfile (tests/integration/test_metrics_daemon.py). Installed when
 # missing where apt-get runs as root; elsewhere that test is skipped and says why.
+# The TypeScript MCP SDK is the independent client of `capsulectl mcp`
+# (tests/integration/test_mcp_node.py), installed from tests/node's lockfile
+# where npm is present; elsewhere that test is skipped and says why.
 NODE_EXPORTER := prometheus-node-exporter
-test-tools:
+MCP_NODE_SDK := tests/node/node_modules/.installed
+test-tools: $(MCP_NODE_SDK)
 	@command -v $(NODE_EXPORTER) >/dev/null 2>&1 || \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing $(NODE_EXPORTER) with apt-get"; \
@@ -51,6 +55,15 @@ bench: $(VENV)/.installed-run
 
 bench-quick: $(VENV)/.installed-run
 	$(BIN)/python -m benchmarks --quick
+
+$(MCP_NODE_SDK): tests/node/package.json tests/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing the MCP SDK for node (npm ci in tests/node)"; \
+		{ npm ci --prefix tests/node --silent && touch $@; } || \
+		echo "could not install tests/node's packages; the node MCP test will be skipped"; \
+	else \
+		echo "npm is missing; the node MCP test will be skipped"; \
+	fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -27,7 +27,7 @@ from benchmarks.harness import (
     steal_percent,
 )
 from benchmarks.machine import describe_machine
-from benchmarks.report import render_json, render_markdown, render_table
+from benchmarks.report import render_json, render_markdown, render_table, splice_markdown
 from benchmarks.scenarios import SCENARIOS, by_number
 
 __all__ = ["main"]
@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help=f"write the Markdown report here (default: {DEFAULT_OUTPUT.relative_to(ROOT)} "
         "for a full run of every scenario; none otherwise)",
+    )
+    parser.add_argument(
+        "--update",
+        type=Path,
+        metavar="PATH",
+        help="splice the scenarios run into the full report at PATH (their sections and "
+        "target rows; with --only)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -138,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(render_markdown(results, machine, quick=args.quick), encoding="utf-8")
         print(f"\nwrote {output}")
+    if args.update is not None:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        commit = dict(machine).get("commit", "?")
+        page = args.update.read_text(encoding="utf-8")
+        args.update.write_text(splice_markdown(page, results, when, commit), encoding="utf-8")
+        print(f"\nupdated {args.update}")
     if args.json is not None:
         args.json.write_text(
             json.dumps(render_json(results, machine, quick=args.quick), indent=2) + "\n",

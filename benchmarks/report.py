@@ -8,7 +8,7 @@ from typing import Any
 
 from benchmarks.harness import Result, Table
 
-__all__ = ["render_json", "render_markdown", "render_table"]
+__all__ = ["render_json", "render_markdown", "render_table", "splice_markdown"]
 
 _COMMAND = "`.venv/bin/python -m benchmarks` (or `make bench`)"
 
@@ -80,7 +80,8 @@ def render_markdown(
         "its baseline in the same run, on the same machine, one after the other. "
         "`--quick` runs every scenario at small sizes in under a minute (the test suite "
         "runs it so the benchmarks do not rot; it never asserts on speed). "
-        "`--only 1,6` runs some scenarios; `--output PATH` writes this page elsewhere.",
+        "`--only 1,6` runs some scenarios; `--output PATH` writes this page elsewhere; "
+        "`--only 1,6 --update PATH` puts their sections into a full page.",
         "",
         "## Machine",
         "",
@@ -94,6 +95,58 @@ def render_markdown(
     for result in results:
         lines += _section(result)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _sections(page: str) -> tuple[list[str], dict[int, list[str]]]:
+    """A page's lines before its first scenario section, and each section's lines by number."""
+    lines = page.rstrip("\n").split("\n")
+    head: list[str] = []
+    sections: dict[int, list[str]] = {}
+    current: list[str] = head
+    for line in lines:
+        number = line[3:].split(".", 1)[0] if line.startswith("## ") else ""
+        if number.isdigit():
+            current = sections.setdefault(int(number), [])
+        current.append(line)
+    return head, sections
+
+
+def _target_number(line: str) -> int | None:
+    cells = line.split("|")
+    return int(cells[1]) if len(cells) > 2 and cells[1].strip().isdigit() else None
+
+
+def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str) -> str:
+    """``page`` (a full run's report) with the sections and target rows of ``results``
+    replaced by theirs, and a line saying which scenarios were run again, when, on what."""
+    fresh_head, fresh = _sections(render_markdown(results, (), quick=False))
+    head, sections = _sections(page)
+    rows: dict[int, list[str]] = {}
+    for line in fresh_head:
+        if (number := _target_number(line)) is not None:
+            rows.setdefault(number, []).append(line)
+    out: list[str] = []
+    for line in head:
+        number = _target_number(line)
+        if number is None or number not in rows:
+            out.append(line)
+        elif rows[number]:
+            out.extend(rows.pop(number))
+            rows[number] = []
+        if line.startswith("Written by "):
+            numbers = ", ".join(str(r.scenario.number) for r in results)
+            out += [
+                "",
+                f"Scenario(s) {numbers} run again on {when} (commit {commit}) with "
+                "`--only` and spliced into this page (`--update`): their sections say "
+                "the load they ran under.",
+            ]
+    for number in sorted({*sections, *fresh}):
+        section = fresh.get(number, sections.get(number, []))
+        while section and not section[-1]:
+            section = section[:-1]
+        out += [*section, ""]
+    return "\n".join(out).rstrip() + "\n"
 
 
 def render_json(

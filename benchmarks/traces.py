@@ -37,9 +37,11 @@ def _text(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choices(WORDS, k=rng.randint(low, high)))
 
 
-def _chatter(rng: random.Random, common: dict[str, Any], n: int) -> dict[str, Any]:
+def _chatter(
+    rng: random.Random, common: dict[str, Any], n: int, words: tuple[int, int] = (20, 300)
+) -> dict[str, Any]:
     kind = rng.choice(("model_output", "tool_call", "tool_result", "turn_start"))
-    event: dict[str, Any] = {"event_type": kind, **common, "text": _text(rng, 20, 300)}
+    event: dict[str, Any] = {"event_type": kind, **common, "text": _text(rng, *words)}
     if kind == "tool_result" and n % 7 == 0:
         event["text"] = (
             f"{ANSI_RED}FAILED{ANSI_RESET} grep found "
@@ -48,8 +50,19 @@ def _chatter(rng: random.Random, common: dict[str, Any], n: int) -> dict[str, An
     return event
 
 
-def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
-    """Write about ``size_bytes`` of trace to ``path``; return the unaccounted work ids, sorted."""
+def generate_trace(
+    path: Path,
+    size_bytes: int,
+    *,
+    seed: int = 5,
+    detach_every: int = DETACH_EVERY,
+    words: tuple[int, int] = (20, 300),
+) -> list[str]:
+    """Write about ``size_bytes`` of trace to ``path``; return the unaccounted work ids, sorted.
+
+    Every ``detach_every``-th line detaches a shell (most are accounted for 3
+    lines later); the other lines carry ``words`` (fewest, most) words of text.
+    """
     from capsule_client.trace import (
         SessionStart,
         ShellAbandoned,
@@ -83,7 +96,7 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
             n += 1
             event_id = f"evt_{n:09d}"
             common: dict[str, Any] = {"event_id": event_id, "session_id": SESSION, "timestamp": n}
-            if n % DETACH_EVERY == 0:
+            if n % detach_every == 0:
                 work_id, command = f"wrk_{n:09d}", _text(rng, 2, 8)
                 line = encode_line(
                     ShellDetached(
@@ -96,7 +109,7 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
                 )
                 open_work.append((work_id, command))
                 unaccounted.add(work_id)
-            elif n % DETACH_EVERY == 3 and open_work and rng.random() < 0.9:
+            elif n % detach_every == 3 and open_work and rng.random() < 0.9:
                 work_id, command = open_work.pop()
                 unaccounted.discard(work_id)
                 completed = rng.random() < 0.8
@@ -116,7 +129,7 @@ def generate_trace(path: Path, size_bytes: int, *, seed: int = 5) -> list[str]:
                     event = {"work_id": work_id, **common, "event_type": "shell_completed"}
                     line = (json.dumps(event, ensure_ascii=True) + "\n").encode()
             else:
-                event = _chatter(rng, common, n)
+                event = _chatter(rng, common, n, words)
                 if n % 11 == 0:
                     line = (json.dumps(event, ensure_ascii=True) + "\n").encode()
                 else:

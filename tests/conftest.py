@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import Sleepers, sleepers
+from sessions_support import Processes, Sleepers, sleepers
 from support import DaemonProcess, short_tmpdir
 
 
@@ -48,3 +48,13 @@ def pool() -> Iterator[Sleepers]:
     """Real ``sleep`` processes, started on demand (``pool.start()``), gone after the test."""
     with sleepers() as started:
         yield started
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    """Processes the test starts (``procs.sleep()``, ``procs.start(argv)``), killed after it."""
+    started = Processes()
+    try:
+        yield started
+    finally:
+        started.close()

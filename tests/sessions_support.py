@@ -29,7 +29,7 @@ def proc_state(pid: int) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (``Z`` for a zombie), None if gone."""
     try:
         data = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: read while it is being reaped
         return None
     return data[data.rindex(b")") + 2 :].split()[0].decode()
 
@@ -234,7 +234,7 @@ class _OwnershipMoving(OwnershipReader):
         self.calls = 0
 
     def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int] | None
     ) -> Ownership:
         answer = super().session_process_ownership(inputs, execs, pids)
         self.calls += 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_NUMBERS = list(range(1, 19))
+SCENARIO_NUMBERS = list(range(1, 20))
 
 
 @pytest.mark.benchmark_smoke
@@ -59,3 +59,21 @@ def test_quick_benchmark_run_writes_a_table_for_every_scenario(tmp_path: Path) -
             assert scenario["tables"] and all(t["rows"] for t in scenario["tables"]), scenario
         assert f"## {scenario['number']}. {scenario['title']}" in text
     assert "## Machine" in text and "## Targets" in text
+
+
+def test_an_update_replaces_the_sections_and_target_rows_of_the_scenarios_run_only() -> None:
+    from benchmarks.harness import Outcome, Result, Scenario, Table, judge
+    from benchmarks.report import render_markdown, splice_markdown
+
+    def result(number: int, measured: str) -> Result:
+        scenario = Scenario(number, f"scenario {number}", "—", ("t",), lambda ctx: None)  # type: ignore[arg-type, return-value]
+        table = Table(columns=["a"], rows=[[measured]])
+        return Result(scenario, Outcome([table], [judge("t", measured, True)]), 1.0)
+
+    page = render_markdown([result(1, "old one"), result(2, "old two")], (), quick=False)
+    spliced = splice_markdown(page, [result(2, "new two")], "today", "abc")
+
+    assert "old one" in spliced and "new two" in spliced and "old two" not in spliced
+    assert spliced.index("## 1.") < spliced.index("## 2.")
+    assert "| 2 | t | new two | met |" in spliced
+    assert "Scenario(s) 2 run again on today (commit abc)" in spliced

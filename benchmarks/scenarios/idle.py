@@ -39,8 +39,12 @@ from benchmarks.watchman import WatchmanUnavailable
 
 __all__ = ["run"]
 
+#: Homes with no live session process (docs/design.md §8: an idle daemon sleeps).
 CPU_TARGET_PERCENT = 0.05
 WAKEUPS_TARGET_PER_S = 2.0
+#: Homes with live session processes: the descendant looks may add to it.
+LIVE_CPU_TARGET_PERCENT = 0.2
+LIVE_WAKEUPS_TARGET_PER_S = 3.0
 MANY_PROCESSES = 600
 
 
@@ -151,6 +155,7 @@ def _threads(figures: IdleFigures, pid: int) -> str:
 @dataclass(frozen=True, slots=True)
 class _Row:
     label: str
+    live: int
     processes: int
     ours: IdleFigures
     base: IdleFigures
@@ -172,7 +177,7 @@ def _window_s(ctx: Context) -> float:
 
 
 def _window(
-    ctx: Context, daemon: DaemonProcess, watcher_pid: int, label: str, many: bool
+    ctx: Context, daemon: DaemonProcess, watcher_pid: int, label: str, live: int, many: bool
 ) -> tuple[_Row, str]:
     window_s = _window_s(ctx)
     extras = SleepPool(max(0, MANY_PROCESSES - process_count()), exited=False) if many else None
@@ -189,7 +194,7 @@ def _window(
     ours, base = figures["daemon"], figures["watcher"]
     observations = after["totals"]["observations"] - before["totals"]["observations"]
     verifications = after["totals"]["verifications"] - before["totals"]["verifications"]
-    row = _Row(label, processes, ours, base, f"{observations} / {verifications}")
+    row = _Row(label, live, processes, ours, base, f"{observations} / {verifications}")
     ctx.log(
         f"9: {label}, {processes} processes: daemon {ours.cpu_percent:.3f} % "
         f"({ours.runtime_percent:.3f} %), {ours.wakeups_per_s:.2f}/s; watcher "
@@ -220,28 +225,47 @@ def run(ctx: Context) -> Outcome:
                 exit_watch = str(_status(daemon).get("exit_watch"))
                 time.sleep(ctx.size(quick=0.3, full=3.0))  # the start-up's tail
                 for many in (False, True):
-                    row, by_thread = _window(ctx, daemon, watcher_pid, label, many)
+                    row, by_thread = _window(ctx, daemon, watcher_pid, label, live, many)
                     rows.append(row)
                     threads[f"{label}, {row.processes} processes"] = by_thread
         finally:
             watcher.stop(home)
-    cpu_worst = _worst(rows, lambda r: r.ours.cpu_percent)
-    wake_worst = _worst(rows, lambda r: r.ours.wakeups_per_s)
     base_cpu = _worst(rows, lambda r: r.base.cpu_percent)
     base_wake = _worst(rows, lambda r: r.base.wakeups_per_s)
-    verdicts = [
-        judge(
-            "idle CPU <= 0.05 % of a core at every size",
-            f"{cpu_worst.ours.cpu_percent:.3f} % at {cpu_worst.label}, "
-            f"{cpu_worst.processes} processes (highest)",
-            all(r.ours.cpu_percent <= CPU_TARGET_PERCENT for r in rows),
+    verdicts = []
+    for what, kept, cpu_target, wake_target in (
+        (
+            "no live session process",
+            [r for r in rows if not r.live],
+            CPU_TARGET_PERCENT,
+            WAKEUPS_TARGET_PER_S,
         ),
-        judge(
-            "idle wake-ups <= 2/s at every size",
-            f"{wake_worst.ours.wakeups_per_s:.2f}/s at {wake_worst.label}, "
-            f"{wake_worst.processes} processes (highest)",
-            all(r.ours.wakeups_per_s <= WAKEUPS_TARGET_PER_S for r in rows),
+        (
+            "live session processes",
+            [r for r in rows if r.live],
+            LIVE_CPU_TARGET_PERCENT,
+            LIVE_WAKEUPS_TARGET_PER_S,
         ),
+    ):
+        if not kept:
+            continue
+        cpu_worst = _worst(kept, lambda r: r.ours.cpu_percent)
+        wake_worst = _worst(kept, lambda r: r.ours.wakeups_per_s)
+        verdicts += [
+            judge(
+                f"idle CPU <= {cpu_target:g} % of a core, {what}",
+                f"{cpu_worst.ours.cpu_percent:.3f} % at {cpu_worst.label}, "
+                f"{cpu_worst.processes} processes (highest)",
+                all(r.ours.cpu_percent <= cpu_target for r in kept),
+            ),
+            judge(
+                f"idle wake-ups <= {wake_target:g}/s, {what}",
+                f"{wake_worst.ours.wakeups_per_s:.2f}/s at {wake_worst.label}, "
+                f"{wake_worst.processes} processes (highest)",
+                all(r.ours.wakeups_per_s <= wake_target for r in kept),
+            ),
+        ]
+    verdicts += [
         report(
             "the baseline watching the same home in the same windows",
             f"{watcher.name}: highest {base_cpu.base.cpu_percent:.3f} % of a core "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from benchmarks.harness import Context, Outcome, Table, judge, report
+from benchmarks.harness import Context, Outcome, Table, report
 from benchmarks.stats import fmt_s, summarize, time_calls
 from capsule_client.protocol import (
     METHOD_PARAMS,
@@ -28,8 +28,6 @@ from capsule_client.protocol import (
 from capsuled.metrics.collector import DaemonCollector, RequestMetrics, exposition
 
 __all__ = ["run"]
-
-TARGET_S = 1e-3
 
 
 def _answer(receipts: int, sessions: int) -> ActiveSessionsSnapshot:
@@ -85,7 +83,8 @@ def _status(connections: int) -> StatusResult:
 
 
 def run(ctx: Context) -> Outcome:
-    """Time the exposition in both cases; judge the unchanged case against 1 ms."""
+    """Time the exposition in both cases and report them (a scrape every 15 s costs
+    nothing a user feels: no target)."""
     receipts = ctx.size(quick=1_000, full=10_000)
     connections = ctx.size(quick=100, full=1_000)
     calls = ctx.size(quick=50, full=2_000)
@@ -126,10 +125,9 @@ def run(ctx: Context) -> Outcome:
         rows=rows,
     )
     verdicts = [
-        judge(
-            f"metrics text at {receipts:,} receipts and {connections:,} connections <= 1 ms",
-            f"p50 {fmt_s(unchanged.p50_s)}",
-            unchanged.p50_s <= TARGET_S,
+        report(
+            f"metrics text at {receipts:,} receipts and {connections:,} connections",
+            f"p50 {fmt_s(unchanged.p50_s)}, p99 {fmt_s(unchanged.p99_s)}",
         ),
         report("the first scrape after the answer changed", f"p50 {fmt_s(after_change.p50_s)}"),
     ]

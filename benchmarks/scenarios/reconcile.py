@@ -7,6 +7,10 @@ copy), runs ``grep -c shell_detached`` on the copy, then asks the daemon to
 reconcile it and checks that the report lists exactly the work the
 generator left unaccounted. The page cache is warm for both.
 
+Two traces of the same size are reconciled: one shaped like a runtime's
+(long lines) and one heavy with shell events (short lines, 2 % of them
+``shell_detached`` / ``shell_completed``): the scan costs per line.
+
 Right after each reconcile, two in-process measurements show where its time
 goes (neither is judged): the bytes reconcile appended to the copy are
 appended again to a flushed scratch file in the same directory and timed
@@ -21,7 +25,9 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -118,60 +124,113 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
+#: The traces: name → generator options. The second is as long, with short lines, 2 % of
+#: them shell events (every 100th line detaches, most are accounted 3 lines later).
+TRACES: dict[str, dict[str, Any]] = {
+    "runtime-shaped": {},
+    "shell-heavy": {"detach_every": 100, "words": (1, 8)},
+}
+
+
+@dataclass
+class _Trial:
+    grep_s: float
+    reconcile_s: float
+    flush_s: float
+    scan_s: float
+    appended: int
+
+
+def _trace_trials(
+    ctx: Context, client: RawClient, sessions: Path, source: Path, name: str, trials: int
+) -> tuple[list[_Trial], int, int]:
+    """Reconcile fresh copies of one generated trace; the trials, grep's count, the lost works."""
+    options = TRACES[name]
+    started = time.monotonic()
+    expected = generate_trace(source, ctx.size(quick=4_000_000, full=100_000_000), **options)
+    ctx.log(
+        f"5: {name}: generated {fmt_bytes(source.stat().st_size)} in "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    results: list[_Trial] = []
+    matches = 0
+    for trial in range(trials):
+        session = f"ses_{name.replace('-', '_')}_{trial}"
+        copy = _copy_flushed(source, sessions / session)
+        grep_s, matches = _grep(copy)
+        size_before = copy.stat().st_size
+        reconcile_s, lost = _reconcile(client, session, trial)
+        if lost != expected:
+            raise RuntimeError(
+                f"reconcile reported {len(lost)} lost works, the generator left "
+                f"{len(expected)} unaccounted"
+            )
+        flush_s, appended_bytes = _append_fsync(copy, size_before)
+        scan_s = _scan(copy, f"ses_next_{trial}")
+        ctx.log(
+            f"5: {name}, trial {trial + 1}: reconcile {fmt_s(reconcile_s)}, scan {fmt_s(scan_s)}, "
+            f"append + fsync of {fmt_bytes(appended_bytes)} {fmt_s(flush_s)}, "
+            f"grep {fmt_s(grep_s)}"
+        )
+        results.append(_Trial(grep_s, reconcile_s, flush_s, scan_s, appended_bytes))
+        shutil.rmtree(sessions / session)
+    return results, matches, len(expected)
+
+
 def run(ctx: Context) -> Outcome:
-    """Time reconcile and grep on the same copies; judge the ratio."""
+    """Time reconcile and grep on the same copies of each trace; judge the ratios."""
     require_modules("capsuled.reconcile.prior_session", "capsule_client.trace")
-    size_bytes = ctx.size(quick=4_000_000, full=100_000_000)
     trials = ctx.size(quick=1, full=3)
     scratch = ctx.scratch("reconcile")
-    source = scratch / "trace.jsonl"
-    started = time.monotonic()
-    expected = generate_trace(source, size_bytes)
-    actual_bytes = source.stat().st_size
-    ctx.log(f"5: generated {fmt_bytes(actual_bytes)} in {time.monotonic() - started:.1f} s")
     home = scratch / "home"
     sessions = home / "sessions"
     sessions.mkdir(mode=0o700, parents=True)
-    greps: list[float] = []
-    reconciles: list[float] = []
-    flushes: list[float] = []
-    scans: list[float] = []
-    appended: list[int] = []
-    matches = 0
+    rows: list[list[str]] = []
+    verdicts = []
+    per_trial: list[str] = []
     with (
         DaemonProcess(home, scratch / "d.sock", log_level="warning") as daemon,
         RawClient(daemon.socket_path) as client,
     ):
-        for trial in range(trials):
-            session = f"ses_bench_{trial}"
-            copy = _copy_flushed(source, sessions / session)
-            grep_s, matches = _grep(copy)
-            size_before = copy.stat().st_size
-            reconcile_s, lost = _reconcile(client, session, trial)
-            if lost != expected:
-                raise RuntimeError(
-                    f"reconcile reported {len(lost)} lost works, the generator left "
-                    f"{len(expected)} unaccounted"
-                )
-            flush_s, appended_bytes = _append_fsync(copy, size_before)
-            scan_s = _scan(copy, f"ses_next_{trial}")
+        for name in TRACES:
+            source = scratch / f"{name}.jsonl"
+            results, matches, lost = _trace_trials(ctx, client, sessions, source, name, trials)
+            actual_bytes = source.stat().st_size
+            lines = _count_lines(source)
+            source.unlink()
+            grep_s = _median([r.grep_s for r in results])
+            reconcile_s = _median([r.reconcile_s for r in results])
+            flush_s = _median([r.flush_s for r in results])
+            scan_s = _median([r.scan_s for r in results])
+            appended = _median([float(r.appended) for r in results])
+            rest_s = reconcile_s - scan_s - flush_s
+            ratio = reconcile_s / grep_s
             ctx.log(
-                f"5: trial {trial + 1}: reconcile {fmt_s(reconcile_s)}, scan {fmt_s(scan_s)}, "
-                f"append + fsync of {fmt_bytes(appended_bytes)} {fmt_s(flush_s)}, "
-                f"grep {fmt_s(grep_s)}"
+                f"5: {name}: reconcile {fmt_s(reconcile_s)}, grep {fmt_s(grep_s)} "
+                f"({fmt_ratio(ratio)})"
             )
-            greps.append(grep_s)
-            reconciles.append(reconcile_s)
-            flushes.append(flush_s)
-            scans.append(scan_s)
-            appended.append(appended_bytes)
-            shutil.rmtree(sessions / session)
-    grep_s, reconcile_s = _median(greps), _median(reconciles)
-    flush_s, scan_s = _median(flushes), _median(scans)
-    rest_s = reconcile_s - scan_s - flush_s
-    ratio = reconcile_s / grep_s
-    ctx.log(f"5: reconcile {fmt_s(reconcile_s)}, grep {fmt_s(grep_s)} ({fmt_ratio(ratio)})")
-    mb = actual_bytes / 1e6
+            mb = actual_bytes / 1e6
+            rows.append(
+                [
+                    f"{name}: {fmt_bytes(actual_bytes)}, {lines:,} lines, {lost} lost works",
+                    f"{fmt_s(reconcile_s)} ({mb / reconcile_s:,.0f} MB/s)",
+                    f"{fmt_s(grep_s)} ({mb / grep_s:,.0f} MB/s, {matches} lines)",
+                    fmt_ratio(ratio),
+                    f"{fmt_s(scan_s)} ({mb / scan_s:,.0f} MB/s)",
+                    f"{fmt_s(flush_s)} ({fmt_bytes(appended)})",
+                    f"-{fmt_s(-rest_s)}" if rest_s < 0 else fmt_s(rest_s),
+                ]
+            )
+            verdicts.append(
+                judge(f"<= 3x grep ({name} trace)", fmt_ratio(ratio), ratio <= TARGET_RATIO)
+            )
+            per_trial.append(
+                f"{name}: "
+                + "; ".join(
+                    f"{fmt_s(r.reconcile_s)} / {fmt_s(r.scan_s)} / {fmt_s(r.flush_s)}"
+                    for r in results
+                )
+            )
     table = Table(
         columns=[
             "trace",
@@ -182,23 +241,15 @@ def run(ctx: Context) -> Outcome:
             "append + fsync of the markers' size",
             "the rest",
         ],
-        rows=[
-            [
-                f"{fmt_bytes(actual_bytes)}, {len(expected)} lost works",
-                f"{fmt_s(reconcile_s)} ({mb / reconcile_s:,.0f} MB/s)",
-                f"{fmt_s(grep_s)} ({mb / grep_s:,.0f} MB/s, {matches} lines)",
-                fmt_ratio(ratio),
-                f"{fmt_s(scan_s)} ({mb / scan_s:,.0f} MB/s)",
-                f"{fmt_s(flush_s)} ({fmt_bytes(_median([float(n) for n in appended]))})",
-                f"-{fmt_s(-rest_s)}" if rest_s < 0 else fmt_s(rest_s),
-            ]
-        ],
+        rows=rows,
     )
-    verdicts = [judge("<= 3x grep", fmt_ratio(ratio), ratio <= TARGET_RATIO)]
     notes = [
-        f"Median of {trials} trial(s), each on a fresh copy of the trace. Reconcile is timed "
-        "over the socket: the request, the locked scan, one write of the markers, their fsync, "
-        "the report.",
+        "Two generated traces of the same size: runtime-shaped (long lines, every 40th "
+        "detaches a shell) and shell-heavy (short lines, 2 % of them `shell_detached` / "
+        "`shell_completed` events): the scan's cost follows the number of lines.",
+        f"Median of {trials} trial(s) per trace, each on a fresh copy of the trace. Reconcile "
+        "is timed over the socket: the request, the locked scan, one write of the markers, "
+        "their fsync, the report.",
         "grep's count includes the lines that only mention `shell_detached` inside a string; "
         "reconcile must not count those, and the report is checked against the generator.",
         "Where reconcile's time goes, measured in the benchmark's process right after each "
@@ -210,11 +261,11 @@ def run(ctx: Context) -> Outcome:
         "already flushed file in the same directory, then `os.fsync`. The rest is the "
         "reconcile median minus those two medians: the request and reply, the hand-off to "
         "the worker thread, the lock, building the markers and the report.",
-        "Per trial, reconcile / scan / append + fsync: "
-        + "; ".join(
-            f"{fmt_s(r)} / {fmt_s(s)} / {fmt_s(f)}"
-            for r, s, f in zip(reconciles, scans, flushes, strict=True)
-        )
-        + ".",
+        "Per trial, reconcile / scan / append + fsync: " + "; ".join(per_trial) + ".",
     ]
     return Outcome(tables=[table], verdicts=verdicts, notes=notes)
+
+
+def _count_lines(path: Path) -> int:
+    with path.open("rb") as file:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: file.read(1 << 20), b""))

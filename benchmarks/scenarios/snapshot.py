@@ -17,8 +17,9 @@ Beside it, the transfer floor: after the daemon has stopped, a bare server
 process (:mod:`benchmarks.reply_server`) answers the same client's requests
 with the daemon's last reply, byte for byte, timed the same way. The daemon's
 p50 minus the floor's p50 is the part of its time that is not moving the
-reply's bytes. The growth target is judged on the realistic homes' p50, and
-on the all-live homes' p50 above the floor (their reply alone grows 100x).
+reply's bytes. The growth target is judged on the realistic homes' p50; the
+all-live homes (their reply alone grows 100x) are judged on the daemon's p50
+against the floor's at 10k and 100k receipts.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from benchmarks.stats import Summary, fmt_bytes, fmt_count, fmt_ratio, fmt_s, su
 __all__ = ["run", "wait_for_answer"]
 
 P99_TARGET_S = 0.002
-NAIVE_RATIO_TARGET = 100.0
+#: All-live homes at 10k and 100k: the daemon's p50 at most this times the transfer floor's.
+FLOOR_RATIO_TARGET = 1.25
 GROWTH_TARGET = 1.5
 REALISTIC_LIVE = 100
 SNAPSHOT = request_line("sessions.snapshot")
@@ -211,16 +213,16 @@ def _measure(ctx: Context, home: GeneratedHome, naive_queries: int, notes: list[
     return row
 
 
-def _floor_growth(first: _Row, last: _Row) -> tuple[str, bool]:
-    """The all-live homes' p50 above the floor, smallest -> largest: the text and the verdict."""
-    before, after = first.beyond_floor_s, last.beyond_floor_s
-    change = f"{_fmt_signed_s(before)} -> {_fmt_signed_s(after)}"
-    if after <= 0:
-        return f"{change}: nothing above the floor at {last.size:,}", True
-    if before <= 0:
-        return f"{change}: above the floor only at {last.size:,}", False
-    growth = after / before
-    return f"{fmt_ratio(growth)} ({change})", growth <= GROWTH_TARGET
+def _floor_ratio(rows: list[_Row]) -> tuple[str, bool]:
+    """The all-live homes of 10k receipts and more: daemon p50 / floor p50, the text and
+    the verdict."""
+    judged = [row for row in rows if row.size >= 10_000] or rows[-1:]
+    ratios = [(row, row.ours.p50_s / row.floor.p50_s) for row in judged]
+    text = ", ".join(
+        f"{fmt_ratio(ratio)} at {row.size:,} ({fmt_s(row.ours.p50_s)} / {fmt_s(row.floor.p50_s)})"
+        for row, ratio in ratios
+    )
+    return text, all(ratio <= FLOOR_RATIO_TARGET for _, ratio in ratios)
 
 
 def run(ctx: Context) -> Outcome:
@@ -235,21 +237,13 @@ def run(ctx: Context) -> Outcome:
         _measure(ctx, ctx.home(REALISTIC_LIVE, stale=n), naive_realistic[n], notes) for n in sizes
     ]
     at = min(live, key=lambda row: abs(row.size - 10_000))
-    worst = min([*live, *realistic], key=lambda row: row.ratio)
     growth = realistic[-1].ours.p50_s / realistic[0].ours.p50_s
-    floor_text, floor_ok = _floor_growth(live[0], live[-1])
+    floor_text, floor_ok = _floor_ratio(live)
     verdicts = [
         judge(
             "p99 <= 2 ms at 10k receipts",
             f"{fmt_s(at.ours.p99_s)} at {at.size:,}, all live",
             at.ours.p99_s <= P99_TARGET_S,
-        ),
-        judge(
-            ">= 100x faster than the naive p50",
-            f"{fmt_ratio(worst.ratio)} at {worst.size:,}"
-            + (" stale" if worst.home.stale else ", all live")
-            + " (lowest)",
-            worst.ratio >= NAIVE_RATIO_TARGET,
         ),
         judge(
             "p50 growth 1k -> 100k <= 1.5x (100 live among 1k -> 100k stale)",
@@ -258,7 +252,7 @@ def run(ctx: Context) -> Outcome:
             growth <= GROWTH_TARGET,
         ),
         judge(
-            "all live: p50 above the transfer floor, growth 1k -> 100k <= 1.5x",
+            "all live: daemon p50 <= 1.25x the transfer floor's at 10k and 100k receipts",
             floor_text,
             floor_ok,
         ),
@@ -290,8 +284,8 @@ def run(ctx: Context) -> Outcome:
         f"in one blocking `sendall`; {floor_requests} requests after 20 warm-up, timed as the "
         "daemon's are. It is what moving the reply's bytes costs; the daemon's p50 minus it "
         "is the rest of the daemon's time.",
-        "Growth is judged on the realistic homes' p50, and for the all-live homes on the "
-        "daemon's p50 above the floor (met when it grows at most 1.5x, or is not above the "
-        "floor at the largest size).",
+        "Growth is judged on the realistic homes' p50; the all-live homes, whose reply grows "
+        "100x, on the daemon's p50 against the transfer floor's at 10k and 100k receipts. "
+        "The naive ratio is shown, not judged.",
     ]
     return Outcome(tables=tables, verdicts=verdicts, notes=notes)

@@ -71,6 +71,8 @@ def render_status(status: StatusResult) -> str:
             "exits",
             f"pidfd events ({status.pidfds} held)"
             if status.exit_watch == "pidfd"
+            else f"pidfd events ({status.pidfds} held), {status.sampled} noticed by sampling"
+            if status.pidfds
             else "noticed by sampling",
         ),
         (

@@ -68,7 +68,9 @@ class DiscoveryCost(Struct):
         directories: directories listed.
         receipts: receipt files read (or stat-checked and found changed).
         bytes: receipt bytes read.
-        process_samples: process tables sampled.
+        process_samples: process samples taken (whole tables or partial).
+        process_stats: processes whose ``/proc`` stat the samples read (a whole
+            table reads every process's; a partial sample only the pids asked).
         rescans: full walks from scratch (0 or 1).
         retained: candidates kept after the observation.
         dirty_paths: changed paths pending at the start.
@@ -79,6 +81,7 @@ class DiscoveryCost(Struct):
     bytes: int = 0
     process_samples: int = 0
     rescans: int = 0
+    process_stats: int = 0
     retained: int = 0
     dirty_paths: int = 0
 
@@ -342,10 +345,14 @@ class StatusResult(Struct):
         clients: connections open now.
         notes: plain-language remarks (e.g. why there is no observation yet).
         subscriptions: ``sessions.subscribe`` subscriptions open now.
-        exit_watch: how process exits are noticed: ``pidfd`` (each watched
+        exit_watch: how process exits are noticed: ``pidfd`` (every watched
             process has a descriptor that wakes discovery when it exits) or
-            ``sampling`` (only the periodic sample notices).
+            ``sampling`` (the periodic sample notices some or all of them:
+            ``sampled`` says how many).
         pidfds: exit descriptors held now.
+        sampled: watched processes whose exit only the periodic sample
+            notices (no pidfd on this system, past the pidfds' share, or the
+            daemon out of descriptors); 0 from daemons before it was added.
         long_polls: ``sessions.snapshot`` requests with ``since`` waiting
             for a change now.
         watch: the watch's backend, watched and polled directories, overflows.
@@ -368,6 +375,7 @@ class StatusResult(Struct):
     subscriptions: int = 0
     exit_watch: ExitWatchMode = "sampling"
     pidfds: int = 0
+    sampled: int = 0
     long_polls: int = 0
     watch: WatchStatus | None = None
     verification: VerificationStatus | None = None

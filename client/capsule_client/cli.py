@@ -125,6 +125,51 @@ def _metrics(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _mcp(args: argparse.Namespace, socket_path: Path) -> int:
+    """The MCP server on stdio (docs/design.md §11), until the agent host closes it.
+
+    The SDK is imported here and nowhere else: the other commands never load it.
+    """
+    try:
+        from ._mcp import SESSION_VARIABLE, McpOptions, serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith(__package__ or "capsule_client"):
+            raise
+        print(
+            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}). Install the extra: "
+            "`pip install 'capsuled[mcp]'` (with pipx: `pipx inject capsuled mcp`).",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import anyio
+
+    options = McpOptions(
+        socket_path,
+        timeout_s=getattr(args, "timeout", DEFAULT_TIMEOUT_S),
+        allow_terminate=args.allow_terminate,
+        any_session=args.any_session,
+        session_id=os.environ.get(SESSION_VARIABLE) or None,
+    )
+    try:
+        anyio.run(lambda: serve(options, version=_version()))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-terminate",
+        action="store_true",
+        help="offer the tool terminate_session, which stops every process of a session",
+    )
+    parser.add_argument(
+        "--any-session",
+        action="store_true",
+        help="let terminate_session stop any session, not only the one in $CAPSULE_SESSION_ID",
+    )
+
+
 def _reconcile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("from_session", metavar="FROM", help="the prior session, ses_...")
     parser.add_argument(
@@ -197,6 +242,12 @@ COMMANDS: Final[dict[str, Subcommand | Standalone]] = {
         run_command,
         "run CMD as a session nothing it starts escapes; report what it left at its exit",
         run_arguments,
+    ),
+    "mcp": Standalone(
+        _mcp,
+        "an MCP server on stdio: an agent's tools to see (and, with --allow-terminate, "
+        "stop) what its session runs; needs the extra capsuled[mcp]",
+        _mcp_arguments,
     ),
 }
 

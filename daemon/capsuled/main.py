@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery import heap
 from capsuled.service import logs
 from capsuled.service.config import Config, ConfigError, parse_args
@@ -38,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return anyio.run(_serve, config)
     except StartupError as exc:
         log.error("cannot start", error=str(exc))
+        return 1
+    except OSError as exc:  # before the services run: too short of descriptors to build them
+        if not is_shortage(exc):
+            raise
+        log.error("cannot start", error=shortage_gap(exc.errno, retrying=False))
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130

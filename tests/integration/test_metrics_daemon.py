@@ -65,6 +65,7 @@ FAMILIES = {
     "capsuled_subscriptions_dropped": "counter",
     "capsuled_long_polls": "gauge",
     "capsuled_exit_watch_pidfds": "gauge",
+    "capsuled_exit_watch_sampled_processes": "gauge",
     "capsuled_resident_memory_bytes": "gauge",
     "capsuled_start_time_seconds": "gauge",
     "capsuled_build_info": "gauge",
@@ -174,6 +175,7 @@ def check_against_status(
     assert dropped == totals.subscriptions_dropped
     assert scrape.value("capsuled_long_polls") == status.long_polls
     assert scrape.value("capsuled_exit_watch_pidfds") == status.pidfds
+    assert scrape.value("capsuled_exit_watch_sampled_processes") == status.sampled
     rss = scrape.value("capsuled_resident_memory_bytes")
     actual = psutil.Process(daemon_pid).memory_info().rss
     assert actual / 2 < rss < actual * 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 
 import anyio
@@ -109,3 +110,32 @@ def test_a_refused_process_is_reported_once_while_samples_list_it(pool: Sleepers
         return len(exits), watch.held, watch.unwatched
 
     assert anyio.run(main) == (1, 0, 1)
+
+
+def test_out_of_descriptors_the_processes_are_sampled_not_reported_gone(pool: Sleepers) -> None:
+    """docs/design.md §8: a pidfd the daemon cannot open says nothing about the process."""
+    processes = [pool.start() for _ in range(2)]
+    sample = sample_processes()
+    watched = {p.pid: sample[p.pid] for p in processes}
+
+    async def main() -> tuple[list[object], ...]:
+        exits: list[None] = []
+        watch = ExitWatch(lambda: exits.append(None))
+        async with anyio.create_task_group() as tg:
+            await tg.start(watch.serve)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # no descriptor number left
+            try:
+                watch.track(watched)
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            short = [watch.mode, watch.held, watch.unwatched, len(exits), watch.notes]
+            watch.track(watched)  # descriptors back: the next observation opens them
+            back = [watch.mode, watch.held, watch.unwatched, len(exits)]
+            tg.cancel_scope.cancel()
+        return short, back
+
+    short, back = anyio.run(main)
+    assert short[:4] == ["sampling", 0, 2, 0]
+    assert "out of file descriptors" in str(short[4])
+    assert back == ["pidfd", 2, 0, 0]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -279,3 +281,23 @@ def test_without_pidfds_the_start_time_is_checked_before_kill(pool: Processes) -
     assert outcomes(report) == {obedient.pid: "exited", stubborn.pid: "killed", dead.pid: "gone"}
     assert obedient.wait(timeout=DEADLINE_S) == -signal.SIGTERM
     assert stubborn.wait(timeout=DEADLINE_S) == -signal.SIGKILL
+
+
+def test_out_of_descriptors_nothing_is_signalled(pool: Processes) -> None:
+    """docs/design.md §8: with no descriptor for its checks, terminate signals nothing
+    (the handler answers -32001) rather than signal blindly or call a process gone."""
+    sleep = pool.sleep()
+    listed = target(sleep.pid)  # as the observation listed it, before the shortage
+
+    async def main() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # no descriptor number left
+        try:
+            await terminate("ses_test", [listed], grace_s=0.1)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    with pytest.raises(OSError) as raised:
+        anyio.run(main)
+    assert raised.value.errno == errno.EMFILE
+    assert sleep.poll() is None  # not signalled

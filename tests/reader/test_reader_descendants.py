@@ -172,6 +172,63 @@ def test_a_look_between_observations_finds_a_fork_and_an_exit(world: World, shel
     assert wait_until(lineage.look, message="the look to see the exit")
 
 
+def test_a_root_older_than_the_last_look_owes_a_table_that_the_next_look_takes(
+    world: World, pool: Sleepers, shells: Shells
+) -> None:
+    """An observation with a partial sample has no table: a new root started before
+    the tracker's last look may have started processes no probe sees (docs/design.md §5)."""
+    world.reader.trust_watcher = True  # observations that do not walk sample partially
+    other = pool.start()
+    world.own("ses_b", execs=["exe_other"])
+    world.exec_receipt("exe_other", other.pid)
+    shell = shells.start("sleep 300 & wait")
+    sleep = child_of(shell.pid)
+    world.exec_receipt("exe_sh", shell.pid)  # unowned: no root yet
+    assert pids(world.ready())["unowned"] == [("exec", shell.pid)]
+    lineage = world.reader.lineage
+    assert not lineage.owes_table
+
+    world.own("ses_a", execs=["exe_sh"])  # the shell becomes a root, long after it forked
+    owned = world.ready()
+    assert processes_of(owned, "ses_a")[shell.pid].kind == "exec"
+    assert owned.cost.process_stats <= 3  # the candidates' pids, no table
+    assert lineage.owes_table
+    assert lineage.look()  # the look takes the table and finds the older child
+    assert not lineage.owes_table
+    found = processes_of(world.ready(), "ses_a")
+    assert found[sleep].kind == "descendant" and found[sleep].root_pid == shell.pid
+
+
+def test_an_owed_table_makes_the_look_timer_look_at_once() -> None:
+    owed = False
+    looked = threading.Event()
+
+    def look() -> bool:
+        looked.set()
+        return False
+
+    async def main() -> None:
+        nonlocal owed
+        looks = DescendantLooks(
+            look=look,
+            active=lambda: True,
+            wake=lambda: None,
+            owed=lambda: owed,
+            counter=lambda: 7,  # nothing forked: only an owed look runs
+            interval_s=3600.0,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(looks.run)
+            await anyio.wait_all_tasks_blocked()
+            assert not looked.is_set()
+            owed = True
+            looks.observed()
+            assert await anyio.to_thread.run_sync(looked.wait, 5)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
 def test_no_session_process_no_looks(world: World, pool: Sleepers) -> None:
     world.exec_receipt("exe_nobody", pool.start().pid)  # an unowned receipt is no root
     world.ready()

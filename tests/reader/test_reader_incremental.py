@@ -6,8 +6,9 @@ The rules are docs/design.md §5.
 
 from __future__ import annotations
 
+import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import msgspec
@@ -33,10 +34,11 @@ class CountingOwnership(OwnershipReader):
         self.calls: list[tuple[int, int, int]] = []
 
     def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int] | None
     ) -> Ownership:
-        inputs, execs, pids = list(inputs), list(execs), list(pids)
-        self.calls.append((len(inputs), len(execs), len(pids)))
+        inputs, execs = list(inputs), list(execs)
+        pids = None if pids is None else list(pids)
+        self.calls.append((len(inputs), len(execs), -1 if pids is None else len(pids)))
         return super().session_process_ownership(inputs, execs, pids)
 
 
@@ -87,6 +89,52 @@ def test_an_exit_drops_receipts_without_reading_them(world: World) -> None:
     assert len(after.unowned) == 3
 
 
+def test_an_observation_woken_by_a_change_reads_only_the_stat_of_the_pids_it_names(
+    world: World,
+) -> None:
+    """docs/design.md §5: an observation woken by a change costs O(the change); the
+    processes held by a pidfd that has not turned readable are not read at all."""
+    kept = [world.pool.start() for _ in range(3)]
+    for i, process in enumerate(kept):
+        world.exec_receipt(f"exe_{i}", process.pid)
+    reader = trusting(world)
+    pidfds: list[int] = []
+
+    def hold(watched: Mapping[int, float] | None) -> None:
+        """What the daemon's exit watch does with an observation's ``watched``."""
+        assert watched is not None
+        for fd in pidfds:
+            os.close(fd)
+        pidfds[:] = []
+        held = {}
+        for pid, start in watched.items():
+            pidfds.append(os.pidfd_open(pid))
+            held[pid] = (start, pidfds[-1])
+        reader.held = held
+
+    try:
+        walked = reader.observe()
+        assert walked.snapshot.cost.process_stats >= len(kept)  # a walk reads the whole table
+        hold(walked.watched)
+
+        newcomer = world.pool.start()
+        world.feed.add([world.exec_receipt("exe_new", newcomer.pid)])
+        fed = reader.observe()
+        assert {p.pid for p in fed.snapshot.unowned} == {newcomer.pid, *(p.pid for p in kept)}
+        assert (fed.snapshot.cost.process_samples, fed.snapshot.cost.process_stats) == (1, 1)
+        hold(fed.watched)
+
+        world.pool.kill(kept[0])  # its pidfd turns readable
+        world.feed.add([])  # a wake with no path, as an exit's
+        gone = reader.observe().snapshot
+        assert kept[0].pid not in {p.pid for p in gone.unowned}
+        assert gone.cost.process_stats == 1  # the exited pid's stat alone
+        assert answer(gone) == answer(ActiveSessionReader(world.home).observe().snapshot)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+
+
 def test_ownership_is_asked_only_about_what_changed(world: World) -> None:
     process = world.pool.start()
     world.own("ses_a", execs=["exe_1", "exe_2"])
@@ -98,8 +146,7 @@ def test_ownership_is_asked_only_about_what_changed(world: World) -> None:
     calls = len(ownership.calls)
     quiet = reader.observe().snapshot
     assert pids(quiet) == {"ses_a": [("exec", process.pid)]}
-    assert len(ownership.calls) in (calls, calls + 1)  # +1 only if a new pid was sampled
-    assert all(asked[:2] == (0, 0) for asked in ownership.calls[calls:])
+    assert len(ownership.calls) == calls  # nothing changed: nothing asked
 
     world.feed.add([world.exec_receipt("exe_2", process.pid)])
     fed = reader.observe().snapshot
@@ -108,7 +155,7 @@ def test_ownership_is_asked_only_about_what_changed(world: World) -> None:
 
     world.own("ses_b", execs=["exe_1"])  # a commit: everything is asked again
     moved = reader.observe().snapshot
-    assert ownership.calls[-1][:2] == (0, 2)
+    assert ownership.calls[-1] == (0, 2, -1)  # and every process row
     assert pids(moved) == {"ses_a": [("exec", process.pid)], "ses_b": [("exec", process.pid)]}
 
 

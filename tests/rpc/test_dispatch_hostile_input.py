@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import socket
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from support import listen_unix
 
 from capsule_client.protocol import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
-from capsuled.rpc.server import Server, fit_to_descriptors
+from capsuled.rpc.server import Server
 
 pytestmark = pytest.mark.anyio
 
@@ -286,19 +285,6 @@ async def test_out_of_descriptors_the_waiting_client_is_answered_overloaded(
     assert rest == b""
     assert pong["result"] == {"pong": True}
     assert any(e["event"] == "connection refused: out of file descriptors" for e in logs)
-
-
-def test_the_cap_is_fitted_to_the_open_file_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
-        fitted = fit_to_descriptors(1_000_000)
-        now_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        assert now_soft == hard  # raised to the hard limit
-        assert fitted == hard - 64 if hard != resource.RLIM_INFINITY else fitted == 1_000_000
-        assert fit_to_descriptors(10) == 10
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.mark.parametrize(

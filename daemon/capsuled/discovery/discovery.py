@@ -73,9 +73,10 @@ from capsule_client.protocol import (
 from capsuled.discovery import heap
 from capsuled.errors import InternalError, ShuttingDown
 from capsuled.processes.argv import ArgvCache
+from capsuled.processes.descendants import MAX_TRACKED_PIDFDS, DescendantTracker
 from capsuled.processes.exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from capsuled.processes.looks import DescendantLooks
-from capsuled.reader import ActiveSessionReader, Generations, Observation, run_base
+from capsuled.reader import ActiveSessionReader, Generations, Lineage, Observation, run_base
 from capsuled.watch.changes import ChangeFeed
 
 from .commit_wait import CommitWait
@@ -115,6 +116,8 @@ class Discovery:
         watcher_mode: what the watcher does now (``native``, ``polling`` or
             ``off``), asked before each use; ``off`` when omitted.
         max_pidfds: exit descriptors held at most (``capsuled.processes.exits``).
+        descendant_pidfds: descriptors the descendants tracker holds at most
+            (``capsuled.processes.descendants``).
         exit_events: False leaves exits to sampling; None uses pidfds where
             the system has them.
         sync: the watch's read-your-writes barrier (``HomeWatcher.sync``):
@@ -135,6 +138,7 @@ class Discovery:
         changes: ChangeFeed | None = None,
         watcher_mode: Callable[[], WatcherMode] = lambda: "off",
         max_pidfds: int = DEFAULT_MAX_PIDFDS,
+        descendant_pidfds: int = MAX_TRACKED_PIDFDS,
         exit_events: bool | None = None,
         sync: Callable[[], Awaitable[None]] | None = None,
         verify_interval_s: float | None = 30.0,
@@ -150,6 +154,7 @@ class Discovery:
         self.changes = ChangeFeed() if changes is None else changes
         self._watcher_mode = watcher_mode
         self._requested_home = home
+        self._descendant_pidfds = descendant_pidfds
         self._cancel = threading.Event()
         self._generations = Generations(run_base())
         self._reader = self._new_reader()
@@ -177,6 +182,7 @@ class Discovery:
             look=lambda: self._reader.lineage.look(),
             active=lambda: self._reader.lineage.active,
             wake=self.wake,
+            owed=lambda: self._reader.lineage.owes_table,
         )
         self.commits = CommitWait(writing=lambda: self._reader.ownership.writing(), wake=self.wake)
         self.changes.listener = self._changed
@@ -324,6 +330,7 @@ class Discovery:
         """One observation in a worker thread, counted, published (single flight's ``run``)."""
         reader = self._reader
         reader.trust_watcher = self.watcher_mode != "off"
+        reader.held = self.exits.holding()
         if not reader.trust_watcher:
             self.changes.request_rescan()
         self._sampler.begin()
@@ -331,6 +338,7 @@ class Discovery:
         if not reader.trust_watcher:
             barrier_ns = None  # it walks from scratch
         observation = await anyio.to_thread.run_sync(_observe, reader, barrier_ns)
+        self._shortage(observation)
         self._keep_sampled(observation)
         self._count(observation)
         if observation.home_replaced and reader is self._reader:
@@ -342,6 +350,22 @@ class Discovery:
         self._pub.publish(observation.snapshot)
         self.looks.observed()
         return observation.snapshot
+
+    def _shortage(self, observation: Observation) -> None:
+        """Back off and retry while the daemon is short of descriptors (docs/design.md §8);
+        a warning when it begins, info when it ends."""
+        if observation.shortage:
+            if self._sampler.retry_s is None:
+                log.warning(
+                    "observation failed: the daemon is short of resources; retrying",
+                    gaps=observation.snapshot.gaps,
+                )
+            self._sampler.short()
+        elif self._sampler.retry_s is not None:
+            self._sampler.recovered()
+            log.info(
+                "observation recovered from the shortage", discovery=observation.snapshot.discovery
+            )
 
     def _keep_sampled(self, observation: Observation) -> None:
         self._sampled[observation.snapshot.observed_at] = observation.watched or {}
@@ -363,11 +387,13 @@ class Discovery:
         )
 
     def _new_reader(self) -> ActiveSessionReader:
+        tracker = DescendantTracker(children_files=False, max_pidfds=self._descendant_pidfds)
         return ActiveSessionReader(
             self._requested_home,
             self.changes,
             cancel=self._cancel,
             generations=self._generations,
+            lineage=Lineage(tracker),
         )
 
     def _restart_reader(self, observation: Observation) -> None:

@@ -60,10 +60,10 @@ from capsule_client.protocol import (
     SessionsDropped,
     StatusTotals,
 )
+from capsuled.common.tasks import TaskHost
 from capsuled.errors import Overloaded, ShuttingDown
 from capsuled.processes.argv import RECHECK_S, ArgvCache
 from capsuled.processes.commands import with_commands
-from capsuled.tasks import TaskHost
 
 if TYPE_CHECKING:
     from capsuled.rpc.server import Connection

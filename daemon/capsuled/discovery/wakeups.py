@@ -5,7 +5,8 @@ An observation at once whenever the sampler is woken: by the watcher's feed
 exited), so answers change within milliseconds of the event; one every
 ``sample_interval_s`` only where something can change unannounced; a
 verification every ``verify_interval_s``. An idle daemon sleeps
-(docs/design.md §8).
+(docs/design.md §8). After an observation that failed for a shortage of
+the daemon's own (out of descriptors), it tries again after a short backoff.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import anyio
 import anyio.from_thread
@@ -22,9 +24,14 @@ import structlog
 from capsule_client.protocol import StatusTotals, VerificationStatus
 from capsuled.reader import Verified
 
-__all__ = ["Sampler", "count_verification"]
+__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "Sampler", "count_verification"]
 
 log = structlog.get_logger("capsuled.discovery")
+
+#: The first retry after an observation short of descriptors or memory, and the
+#: longest wait between two (docs/design.md §8): back within a second of relief.
+RETRY_FIRST_S: Final = 0.05
+RETRY_MAX_S: Final = 0.5
 
 
 class Sampler:
@@ -60,6 +67,17 @@ class Sampler:
         self._wakes = 0  # wake() calls so far
         self._served = 0  # wake() calls before the latest observation began
         self._loop_thread: int | None = None
+        #: Seconds until the next try after a shortage (None: no shortage).
+        self.retry_s: float | None = None
+
+    def short(self) -> None:
+        """The latest observation failed for a shortage of the daemon's own: try again
+        soon, backing off from :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S` (docs/design.md §8)."""
+        self.retry_s = RETRY_FIRST_S if self.retry_s is None else min(self.retry_s * 2, RETRY_MAX_S)
+
+    def recovered(self) -> None:
+        """The latest observation was not short of anything."""
+        self.retry_s = None
 
     def wake(self) -> None:
         """Observe again now instead of at the next sample.
@@ -103,6 +121,8 @@ class Sampler:
                 wait_s = next_verify - time.monotonic()
                 if self._needs_sampling():
                     wait_s = min(wait_s, self.sample_interval_s)
+                if self.retry_s is not None:
+                    wait_s = min(wait_s, self.retry_s)
                 with anyio.move_on_after(max(wait_s, 0.0)):
                     await wake.wait()
             if time.monotonic() >= next_verify:

@@ -46,6 +46,8 @@ class ExitFigures(Protocol):
     def mode(self) -> ExitWatchMode: ...
     @property
     def held(self) -> int: ...
+    @property
+    def unwatched(self) -> int: ...
 
 
 class DiscoveryFigures(Protocol):
@@ -129,6 +131,7 @@ def status_handler(figures: StatusFigures) -> Callable[[NoParams], StatusResult]
             subscriptions=figures.subscriptions(),
             exit_watch=discovery.exits.mode,
             pidfds=discovery.exits.held,
+            sampled=discovery.exits.unwatched,
             long_polls=discovery.long_polls,
             watch=watcher.status,
             verification=verification,

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError
 from capsuled.metrics.collector import count_terminated
@@ -106,13 +107,20 @@ def terminate_handler(
                 return []
             return roots_first(await named(found, params.commands))
 
-        report = await terminate(
-            session_id,
-            roots_first(targets),
-            signal_name=params.signal,
-            grace_s=params.grace_ms / 1000,
-            more=more,
-        )
+        try:
+            report = await terminate(
+                session_id,
+                roots_first(targets),
+                signal_name=params.signal,
+                grace_s=params.grace_ms / 1000,
+                more=more,
+            )
+        except OSError as exc:  # before any signal: the daemon's shortage (docs/design.md §8)
+            if not is_shortage(exc):
+                raise
+            raise DiscoveryUnavailable(
+                f"nothing was signalled: {shortage_gap(exc.errno, retrying=False)}"
+            ) from exc
         count_terminated(totals, (process.outcome for process in report.processes))
         return report
 

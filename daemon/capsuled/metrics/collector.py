@@ -391,6 +391,11 @@ def _service_families(status: StatusResult, rss_bytes: int) -> Iterator[Metric]:
         "Process-exit descriptors (pidfds) the daemon holds now.",
         status.pidfds,
     )
+    yield _gauge(
+        "capsuled_exit_watch_sampled_processes",
+        "Watched processes whose exit only the periodic sample notices.",
+        status.sampled,
+    )
     yield _gauge("capsuled_resident_memory_bytes", "The daemon's resident memory (RSS).", rss_bytes)
     yield _gauge(
         "capsuled_start_time_seconds",

@@ -48,8 +48,10 @@ apply: start background work with ``setsid`` itself, from a session
 process — the new session's leader is then a child the next look sees, and
 everything started in that Unix session is a descendant by its ``sid``,
 however it is re-parented. A process a new root had started before the root
-became a root is found at the next full table (the observation that brought
-the root).
+became a root is found at the next full table: a look without one that is
+given a root older than its probe range (a pid handed out before its last
+look) sets :attr:`DescendantTracker.owes_table`, and the daemon's next look
+takes one at once (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from capsuled.common.shortage import is_shortage
 
 from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
 from .table import thread_group_id as _tgid
@@ -180,9 +184,10 @@ class _ExitPoll:
             except ProcessLookupError:
                 del members[pid]
                 continue
-            except OSError:  # the descriptor table is full: stat reads for the rest
-                self.max_pidfds = len(self._held)
-                continue
+            except OSError as exc:
+                if not is_shortage(exc):  # refused for good (a sandbox): stat reads
+                    self.max_pidfds = len(self._held)
+                break  # short of descriptors: stat reads for the rest, this time
             reads += 1
             stat = proc_stat(pid)  # the pid may have been reused before the open
             if stat is None or not stat.live or stat.start_ticks != member.start_ticks:
@@ -252,6 +257,9 @@ class DescendantTracker:
         self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
         self._exits = _ExitPoll(max_pidfds)
         self.last_cost = LookCost()
+        #: A look without a table was given a root started before its probe range:
+        #: what that root started earlier is found only in a full table.
+        self.owes_table = False
 
     def close(self) -> None:
         """Let every pidfd go; the tracker forgets what it kept."""
@@ -286,6 +294,13 @@ class DescendantTracker:
                 or self._span(counter) > self.max_probed_pids
             ):
                 table, full = take_table(), True
+            elif any(key not in self._roots for key in roots):
+                new_pids = self._new_pids(counter)
+                self.owes_table |= any(
+                    key not in self._roots and key[0] not in new_pids for key in roots
+                )
+        if full:
+            self.owes_table = False
         members, stats = self._members(roots, clock, None if table is None else table.stats)
         probed = lists = 0
         if table is not None:

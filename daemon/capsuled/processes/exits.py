@@ -24,8 +24,11 @@ Fallback to sampling, where exits are noticed only by the next sample:
   (Linux < 5.3): :attr:`ExitWatch.mode` is ``sampling`` for good. (On macOS
   ``kqueue`` with ``NOTE_EXIT`` could do the same; it is not implemented.)
 * more watched processes than ``max_pidfds`` (``--max-pidfds``, default
-  4096), or the descriptor table is full (EMFILE/ENFILE): the processes past
-  the limit are left to sampling and :attr:`ExitWatch.unwatched` counts them.
+  4096, lowered to the pidfds' share of the open-file limit at start,
+  :mod:`capsuled.service.budget`), or the daemon is short of descriptors
+  (:func:`capsuled.common.shortage.is_shortage`): the processes past the limit are
+  left to sampling, :attr:`ExitWatch.unwatched` counts them, and
+  :attr:`ExitWatch.mode` says ``sampling`` (docs/design.md §8).
 
 Everything here runs on the event loop: ``pidfd_open`` and one ``/proc``
 read cost a few microseconds per new process, and only new processes are
@@ -34,7 +37,6 @@ opened.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +47,8 @@ import structlog
 
 from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, start_time_s, ticks_per_s
 from capsule_client.protocol import ExitWatchMode
-from capsuled.tasks import TaskHost
+from capsuled.common.shortage import is_shortage
+from capsuled.common.tasks import TaskHost
 
 __all__ = ["DEFAULT_MAX_PIDFDS", "RECHECK_TOLERANCE_S", "ExitWatch", "pidfds_supported"]
 
@@ -56,8 +59,6 @@ DEFAULT_MAX_PIDFDS: Final = 4096
 
 #: The start time read after ``pidfd_open`` must be this close to the sample's.
 RECHECK_TOLERANCE_S: Final = 1.0
-
-_FD_TABLE_FULL: Final = (errno.EMFILE, errno.ENFILE)
 
 
 def pidfds_supported() -> bool:
@@ -74,11 +75,20 @@ def pidfds_supported() -> bool:
 
 
 def _start_time(pid: int) -> float | None:
-    """The start time of ``pid`` (Unix seconds) from ``/proc``; None if it is gone or a zombie."""
+    """The start time of ``pid`` (Unix seconds) from ``/proc``; None if it is gone or a zombie.
+
+    Raises:
+        OSError: the daemon is short of descriptors or memory
+            (:func:`capsuled.common.shortage.is_shortage`): the process may well run.
+    """
     try:
         stat = read_stat(pid)
         boot_s = boot_time_s()
-    except (OSError, ValueError):
+    except OSError as exc:
+        if is_shortage(exc):
+            raise
+        return None
+    except ValueError:
         return None
     if stat.state in NOT_LIVE_STATES:
         return None
@@ -117,6 +127,7 @@ class ExitWatch(TaskHost):
         self._watches: dict[int, _Watch] = {}
         super().__init__()
         self._table_full = False
+        self._warned_short = False  # once per shortage, not at every observation
         # (pid, start) the re-check found gone; reported once, not again while
         # samples keep listing it (a start time read differently each time
         # would otherwise wake discovery in a loop).
@@ -125,19 +136,36 @@ class ExitWatch(TaskHost):
 
     @property
     def mode(self) -> ExitWatchMode:
-        """``pidfd`` when exits are events here, ``sampling`` when only samples notice them."""
-        return "pidfd" if self._enabled else "sampling"
+        """``pidfd`` when every watched process's exit is an event, ``sampling`` when
+        samples notice some (no pidfds here, or :attr:`unwatched` past the limit)."""
+        return "pidfd" if self._enabled and not self.unwatched else "sampling"
+
+    @property
+    def supported(self) -> bool:
+        """Whether pidfds are used at all on this system."""
+        return self._enabled
 
     @property
     def held(self) -> int:
         """Descriptors held now."""
         return len(self._watches)
 
+    def holding(self) -> dict[int, tuple[float, int]]:
+        """pid → (start time, Unix s; its pidfd) of every process watched now: while its
+        pidfd is not readable it runs (a pidfd names one process for good; see
+        :func:`capsuled.processes.sample.still_running`). Empty when exits are sampled."""
+        return {pid: (watch.started_at_s, watch.fd) for pid, watch in self._watches.items()}
+
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""
         if not self._enabled:
             return ["process exits are noticed by sampling only (no pidfd on this system)"]
+        if self._table_full:
+            return [
+                f"{self.unwatched} watched processes have no pidfd: the daemon is out of"
+                " file descriptors; their exits are noticed by sampling"
+            ]
         if self.unwatched:
             return [
                 f"{self.unwatched} watched processes are past the {self.max_pidfds} pidfd limit"
@@ -157,6 +185,7 @@ class ExitWatch(TaskHost):
         re-checked; a pid whose start time changed is re-opened.
         """
         if not self._enabled or self._tg is None:
+            self.unwatched = len(watched)  # every exit is left to sampling
             return
         for pid, watch in list(self._watches.items()):
             start = watched.get(pid)
@@ -177,28 +206,39 @@ class ExitWatch(TaskHost):
             if len(self._watches) >= self.max_pidfds or self._table_full:
                 unwatched += 1
                 continue
-            if not self._open(pid, watched[pid]):
+            opened = self._open(pid, watched[pid])
+            if opened is None:  # short of descriptors: this one and the rest are sampled
+                unwatched += 1
+            elif not opened:
                 exited = True
                 refused.add(key)
         self._refused = refused
         self.unwatched = unwatched
+        if not self._table_full:
+            self._warned_short = False
         if exited:
             self._exited()
 
-    def _open(self, pid: int, started_at_s: float) -> bool:
-        """Open and re-check one pidfd; False if the process turned out to be gone."""
+    def _open(self, pid: int, started_at_s: float) -> bool | None:
+        """Open and re-check one pidfd; False if the process turned out to be gone,
+        None if the daemon is short of descriptors (nothing is known of the process)."""
         assert self._tg is not None
         try:
             fd = os.pidfd_open(pid)
+            try:
+                start = _start_time(pid)
+            except OSError:
+                os.close(fd)
+                raise
         except ProcessLookupError:
             return False
         except OSError as exc:
-            if exc.errno in _FD_TABLE_FULL:
+            if not is_shortage(exc):
+                raise
+            if not self._warned_short:
                 log.warning("cannot open more pidfds; sampling notices the rest", error=str(exc))
-                self._table_full = True
-                return True
-            raise
-        start = _start_time(pid)
+            self._warned_short = self._table_full = True
+            return None
         if start is None or abs(start - started_at_s) > RECHECK_TOLERANCE_S:
             os.close(fd)  # exited, or the pid was reused since the sample
             return False

@@ -14,6 +14,10 @@ Before each look the pid counter is read on the event loop (one read of
 moved, no process was started anywhere, so no descendant can have appeared;
 exits are pidfd events of their own (:mod:`capsuled.processes.exits`). Only a moved
 counter costs a look in a worker thread.
+
+An observation that brought a root started before the last look owes a
+look with a full table (``owed``, :attr:`capsuled.reader.lineage.Lineage.owes_table`):
+that look runs at once after the observation, not a second later.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class DescendantLooks:
             worker thread).
         active: whether a look can find anything now.
         wake: asks discovery to observe (called on the event loop).
+        owed: whether a look with a full table is owed (then it runs at once).
         counter: the pid counter (:func:`capsuled.processes.table.last_pid`), or
             None where it cannot be read: then every tick looks.
         interval_s: seconds between two looks while active.
@@ -51,10 +56,13 @@ class DescendantLooks:
         look: Callable[[], bool],
         active: Callable[[], bool],
         wake: Callable[[], None],
+        owed: Callable[[], bool] = lambda: False,
         counter: Callable[[], int | None] = last_pid,
         interval_s: float = LOOK_INTERVAL_S,
     ) -> None:
         self._look = look
+        self._owed = owed
+        self._soon = anyio.Event()
         self._counter = counter
         self._counted: int | None = None  # the counter at the last look
         self._active = active
@@ -71,6 +79,8 @@ class DescendantLooks:
         self._counted = None  # new roots: the next tick looks whatever the counter says
         if self._active():
             self._activated.set()
+        if self._owed():
+            self._soon.set()
 
     async def run(self) -> None:
         """Look every ``interval_s`` while active; sleep until :meth:`observed` otherwise."""
@@ -79,11 +89,14 @@ class DescendantLooks:
                 self._activated = anyio.Event()
                 await self._activated.wait()
                 continue
-            await anyio.sleep(self.interval_s)
+            if not self._owed():
+                with anyio.move_on_after(self.interval_s):
+                    await self._soon.wait()
+            self._soon = anyio.Event()
             if not self._active():
                 continue
             counted = self._counter()
-            if counted is not None and counted == self._counted:
+            if counted is not None and counted == self._counted and not self._owed():
                 continue  # no process started since the last look
             self._counted = counted
             self.looks += 1

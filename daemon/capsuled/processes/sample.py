@@ -12,28 +12,39 @@ identical start times (both compute ``btime + starttime / CLK_TCK``).
 Elsewhere psutil is used, with its per-pid cache cleared first:
 ``process_iter`` keeps ``Process`` objects by pid, and after a pid is reused
 it returned the old process's ``create_time`` (seen on this project).
+
+An observation woken by a change costs O(the change) (docs/design.md §5):
+its :class:`PartialSample` reads ``/proc/<pid>/stat`` only for the pids it
+is asked about, and not even those whose exit a pidfd watches and has not
+reported (they still run: a pidfd names one process for good). The full
+sample is for walks and verification.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeAlias
 
 import psutil
 
 from capsule_client._proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsuled.common.shortage import is_shortage
 
 from .table import ProcessTable, last_pid
 
 __all__ = [
+    "PartialSample",
     "ProcessSample",
     "UsageMeter",
     "matches_start",
+    "partial_samples",
     "sample_processes",
     "sample_with_table",
+    "still_running",
 ]
 
 #: pid → start time, Unix seconds.
@@ -61,7 +72,11 @@ def _sample_proc(stats: dict[int, ProcStat] | None = None) -> dict[int, float]:
         pid = int(name)
         try:
             stat = read_stat(pid)
-        except (OSError, ValueError):  # exited since the listing, hidden from us, or torn
+        except OSError as exc:  # exited since the listing, or hidden from us
+            if is_shortage(exc):  # the daemon's trouble: the process may well run
+                raise
+            continue
+        except ValueError:  # torn
             continue
         if stat.state not in NOT_LIVE_STATES:
             # start_time_s(), inlined: this line runs once per process per sample.
@@ -97,7 +112,10 @@ def sample_processes() -> dict[int, float]:
     Blocking (reads ``/proc`` or calls psutil); run it in a worker thread.
 
     Raises:
-        OSError: the process table could not be listed at all.
+        OSError: the process table could not be listed at all, or a process
+            could not be read for a shortage of the daemon's own
+            (:func:`capsuled.common.shortage.is_shortage`): a sample that lost a
+            live process would end its receipts' liveness.
     """
     return _sampler()
 
@@ -117,6 +135,91 @@ def sample_with_table() -> tuple[dict[int, float], ProcessTable | None]:
     counter = last_pid()  # before the listing: every pid up to it is in the table
     stats: dict[int, ProcStat] = {}
     return _sample_proc(stats), ProcessTable(counter, stats)
+
+
+def still_running(held: Mapping[int, tuple[float, int]]) -> dict[int, float]:
+    """pid → start time of the ``held`` processes (pid → (start, pidfd)) whose pidfd is
+    not readable now: one ``poll`` of them all. A readable, closed or invalid descriptor
+    leaves its pid out (the sample then reads its stat)."""
+    if not held:
+        return {}
+    poller = select.poll()
+    for _start, fd in held.values():
+        poller.register(fd, select.POLLIN)
+    ready = {fd for fd, _events in poller.poll(0)}
+    return {pid: start for pid, (start, fd) in held.items() if fd not in ready}
+
+
+def partial_samples() -> bool:
+    """Whether :class:`PartialSample` can read single pids here (Linux ``/proc``)."""
+    return _sampler is _sample_proc
+
+
+class PartialSample(Mapping[int, float]):
+    """A sample read only where it is asked: pid → start time (Unix seconds), zombies excluded.
+
+    Args:
+        running: pid → start time of processes known to run now (a pidfd
+            watches them and has not reported their exit): answered without
+            a read.
+
+    Any other pid is read from ``/proc/<pid>/stat`` the first time it is
+    asked, and the answer kept, so one observation sees one value per pid.
+    Iterating lists only what was answered so far. Linux only
+    (:func:`partial_samples`). Blocking: use it in the observation's worker thread.
+    """
+
+    __slots__ = ("_boot_s", "_read", "_running", "_ticks", "reads")
+
+    def __init__(self, running: Mapping[int, float]) -> None:
+        self._running = running
+        self._read: dict[int, float | None] = {}
+        self._boot_s: int | None = None
+        self._ticks = ticks_per_s()
+        #: Stat files read so far.
+        self.reads = 0
+
+    def get(self, pid: int, default: float | None = None) -> float | None:  # type: ignore[override]
+        start = self._running.get(pid)
+        if start is not None:
+            return start
+        if pid in self._read:
+            start = self._read[pid]
+        else:
+            start = self._read[pid] = self._stat(pid)
+        return default if start is None else start
+
+    def _stat(self, pid: int) -> float | None:
+        self.reads += 1
+        try:
+            stat = read_stat(pid)
+        except (OSError, ValueError):  # no such process, hidden from us, or torn
+            return None
+        if stat.state in NOT_LIVE_STATES:
+            return None
+        if self._boot_s is None:
+            self._boot_s = boot_time_s()
+        return self._boot_s + stat.start_ticks / self._ticks
+
+    def __getitem__(self, pid: int) -> float:
+        start = self.get(pid)
+        if start is None:
+            raise KeyError(pid)
+        return start
+
+    def __contains__(self, pid: object) -> bool:
+        return isinstance(pid, int) and self.get(pid) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._running
+        yield from (pid for pid, start in self._read.items() if start is not None)
+
+    def __len__(self) -> int:
+        return len(self._running) + sum(1 for start in self._read.values() if start is not None)
+
+    def answered(self) -> dict[int, float]:
+        """What was answered so far, as a plain mapping (frozen: no later read)."""
+        return dict(self.items())
 
 
 class UsageMeter:

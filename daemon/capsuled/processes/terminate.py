@@ -42,6 +42,7 @@ import structlog
 from anyio.abc import TaskGroup
 from msgspec import UNSET, UnsetType
 
+from capsule_client._proc import read_stat
 from capsule_client.protocol import (
     ProcessKind,
     TerminatedProcess,
@@ -49,8 +50,9 @@ from capsule_client.protocol import (
     TerminateReport,
     TerminateSignal,
 )
+from capsuled.common.shortage import is_shortage, shortage_gap
 
-from .table import Clock, proc_stat
+from .table import Clock
 
 __all__ = [
     "DISCOVER_INTERVAL_S",
@@ -151,10 +153,10 @@ class _Victim:
 class _Run:
     """One call of :func:`terminate`: its processes, their waiters, the clock."""
 
-    def __init__(self, tg: TaskGroup, signum: signal.Signals, pidfds: bool) -> None:
+    def __init__(self, tg: TaskGroup, signum: signal.Signals, pidfds: bool, clock: Clock) -> None:
         self.tg = tg
         self.signum = signum
-        self.clock = Clock()
+        self.clock = clock
         self.protected = protected_pids()
         self.victims: list[_Victim] = []
         self.latest: dict[int, _Victim] = {}  # pid → its latest victim (a pid may be reused)
@@ -179,8 +181,21 @@ class _Run:
                 self.tg.start_soon(self._wait, victim)
 
     def _same_process(self, target: Target) -> bool:
-        stat = proc_stat(target.pid)
-        if stat is None or not stat.live:
+        """Whether ``target`` still runs under its pid (its start time read again).
+
+        Raises:
+            OSError: the daemon is short of descriptors or memory
+                (:func:`capsuled.common.shortage.is_shortage`): nothing is known of it.
+        """
+        try:
+            stat = read_stat(target.pid)
+        except OSError as exc:
+            if is_shortage(exc):
+                raise
+            return False  # gone, or hidden from us
+        except ValueError:
+            return False
+        if not stat.live:
             return False
         expected = target.started_at if target.start_s is None else target.start_s
         return abs(self.clock.seconds(stat.start_ticks) - expected) <= START_TOLERANCE_S
@@ -200,8 +215,11 @@ class _Run:
             except OSError as exc:  # ENOSYS, EMFILE, a sandbox: kill(2) after a re-check
                 log.debug("no pidfd; signalling by pid", pid=pid, error=str(exc))
         # With a pidfd open, this check names the process the fd holds for good.
-        if not self._same_process(victim.target):
-            victim.outcome = "gone"
+        try:
+            if not self._same_process(victim.target):
+                victim.outcome = "gone"
+        except OSError as exc:  # the daemon's shortage: neither gone nor safe to signal
+            _refused_short(victim, exc)
 
     def send(self, victim: _Victim, signum: signal.Signals) -> None:
         """Signal one victim; a failure decides its outcome."""
@@ -221,6 +239,12 @@ class _Run:
             victim.outcome = "refused"
             victim.error = f"not permitted to signal pid {victim.target.pid}: {exc.strerror}"
             return
+        except OSError as exc:  # the re-check before kill(2) was short of descriptors
+            if not is_shortage(exc):
+                raise
+            if not victim.signalled:
+                _refused_short(victim, exc)
+            return
         victim.signalled = True
         if signum == signal.SIGKILL:
             victim.killed = True
@@ -233,8 +257,11 @@ class _Run:
                 return
         else:  # no pidfd: nothing to wait on but the process table
             while True:
-                if not self._same_process(victim.target):
-                    break
+                try:
+                    if not self._same_process(victim.target):
+                        break
+                except OSError:  # short of descriptors: as far as is known, it runs
+                    pass
                 await anyio.sleep(FALLBACK_POLL_INTERVAL_S)
         victim.exited.set()
 
@@ -285,12 +312,19 @@ async def terminate(
 
     Returns:
         The report, processes sorted by pid (outcomes as in
-        :class:`capsule_client.protocol.TerminatedProcess`).
+        :class:`capsule_client.protocol.TerminatedProcess`); a process whose
+        start time the daemon was too short of descriptors to read again is
+        ``refused``, never signalled blindly nor called ``gone``.
+
+    Raises:
+        OSError: the boot time could not be read (the daemon is short of
+            descriptors, :func:`capsuled.common.shortage.is_shortage`): nothing was signalled.
     """
     signum = SIGNALS[signal_name]
     started = time.monotonic()
+    clock = Clock()  # before anything is signalled: every check needs it
     async with anyio.create_task_group() as tg:
-        run = _Run(tg, signum, pidfds)
+        run = _Run(tg, signum, pidfds, clock)
         try:
             run.add(targets, signum)
             if signum != signal.SIGKILL:
@@ -320,3 +354,9 @@ async def terminate(
         **counts,
     )
     return TerminateReport(session_id=session_id, processes=processes, duration_ms=duration_ms)
+
+
+def _refused_short(victim: _Victim, exc: OSError) -> None:
+    """Not signalled: the daemon could not read whether the pid is still the process."""
+    victim.outcome = "refused"
+    victim.error = f"not signalled: {shortage_gap(exc.errno, retrying=False)}"

@@ -19,6 +19,7 @@ from .candidates import RACY_WINDOW_NS
 from .errors import GAP_TOO_MANY_ERRORS, MAX_ERROR_BYTES, MAX_ERRORS, ObservationCancelled
 from .generations import Generations, run_base, same_answer
 from .home import GAP_HOME_REPLACED
+from .lineage import Lineage
 from .observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
 from .projection import PROCESS_TOLERANCE_S
 from .walk import Verified
@@ -34,6 +35,7 @@ __all__ = [
     "RACY_WINDOW_NS",
     "ActiveSessionReader",
     "Generations",
+    "Lineage",
     "Observation",
     "ObservationCancelled",
     "Verified",

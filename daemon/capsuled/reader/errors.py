@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Kind
 
 if TYPE_CHECKING:
@@ -25,8 +26,10 @@ __all__ = [
     "Error",
     "Errors",
     "ObservationCancelled",
+    "Shortage",
     "Unavailable",
     "describe",
+    "raise_if_short",
 ]
 
 #: Bounds on unresolved paths; past either, the observation fails (docs/design.md §5).
@@ -47,6 +50,26 @@ class ObservationCancelled(Exception):
 
 class Unavailable(Exception):
     """This observation cannot answer; the message becomes its gap."""
+
+
+class Shortage(Unavailable):
+    """The daemon, not a path, is short (out of descriptors, of memory): the
+    observation fails as a whole and nothing is marked broken (docs/design.md §8).
+
+    Attributes:
+        code: the errno that said so.
+    """
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__(shortage_gap(code))
+        self.code = code
+
+
+def raise_if_short(error: OSError) -> None:
+    """Raises: Shortage: ``error`` is the daemon's shortage, not the path's
+    (:func:`capsuled.common.shortage.is_shortage`)."""
+    if is_shortage(error):
+        raise Shortage(error.errno) from error
 
 
 def describe(error: OSError) -> str:

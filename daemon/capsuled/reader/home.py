@@ -16,7 +16,7 @@ from typing import Final
 from capsuled.home.layout import Parts
 from capsuled.home.strictness import home_refusal
 
-from .errors import Unavailable, describe
+from .errors import Unavailable, describe, raise_if_short
 
 __all__ = ["GAP_HOME_REPLACED", "Home", "HomeReplaced"]
 
@@ -74,6 +74,7 @@ class Home:
         try:
             identity = self._stat()
         except OSError as exc:
+            raise_if_short(exc)
             raise Unavailable(f"home {self.text} cannot be inspected: {describe(exc)}") from exc
         if self.identity is not None and identity != self.identity:
             raise HomeReplaced

@@ -5,10 +5,14 @@ An observation gives it the roots (the owned live receipts' processes and
 the store's (pid, start) rows that matched the sample) and the sample's full
 process table (:func:`~capsuled.processes.sample.sample_with_table`: the same
 ``/proc`` pass, no second read of every stat); the projection lists what it
-returns. Between observations the daemon calls :meth:`Lineage.look` on a
-timer while :attr:`Lineage.active`: a look without a table (the tracker's
-cheap strategies) that says whether the descendants changed since the last
-observation, which then observes again.
+returns. An observation that neither walks nor verifies has no table (its
+sample is partial): the tracker then looks by its cheap strategies, and a
+new root started before its last look leaves a table owed
+(:attr:`Lineage.owes_table`). Between observations the daemon calls
+:meth:`Lineage.look` on a timer while :attr:`Lineage.active`, and at once
+while a table is owed: a look (with a full table only when owed) that says
+whether the descendants changed since the last observation, which then
+observes again.
 
 Between tables the tracker probes the pids handed out since its last look
 (the pid counter), not the children lists of the session's processes even
@@ -27,7 +31,7 @@ from collections.abc import Mapping
 
 from capsuled.processes.descendants import Descendant, DescendantTracker
 from capsuled.processes.sample import ProcessSample, matches_start
-from capsuled.processes.table import ProcessTable
+from capsuled.processes.table import ProcessTable, take_table
 
 from .candidates import Candidates
 from .ownership import Owners
@@ -73,6 +77,11 @@ class Lineage:
         return bool(self._roots) or bool(self._found)
 
     @property
+    def owes_table(self) -> bool:
+        """Whether the next look must take a full table (a new root older than the last look)."""
+        return self._tracker.owes_table
+
+    @property
     def found(self) -> Found:
         """The descendants of the latest observation."""
         return self._found
@@ -98,7 +107,8 @@ class Lineage:
         with self._lock:
             if not self.active:
                 return False
-            found = self._tracker.look(self._roots)
+            table = take_table() if self._tracker.owes_table else None
+            found = self._tracker.look(self._roots, table)
             # By pid: a start time in whole seconds may round the other way
             # when the boot time read moves by a second (docs/design.md §3).
             return {pid for pid, _ in found} != {pid for pid, _ in self._found}

@@ -29,6 +29,15 @@ Departures from the original reader, each allowed by docs/design.md §5:
   would leave the same stamps (git's "racy clean" problem). Liveness is
   re-evaluated against every fresh sample, for the candidates of the pids
   the sample shows gone or reused.
+* Step 1's "fresh process sample" is, in an observation that neither walks
+  nor verifies, a :class:`~capsuled.processes.sample.PartialSample`: the stat of
+  the pids that the candidates, the store's rows, the servers and the changed
+  receipts name, read when asked, and none for those that a pidfd watches
+  and has not reported gone (``held``: one ``poll`` of their pidfds). It
+  says of every pid asked what a full sample would: an observation woken by
+  a change costs O(the change),
+  not O(the process table) (docs/design.md §5). Walks and verifications take
+  the full sample, and the descendants their full table.
 * Step 3 asks the store only about what it was not asked before, unless the
   store's ``PRAGMA data_version`` moved; step 4 compares that version instead
   of querying again.
@@ -56,13 +65,20 @@ from typing import Final
 
 from capsule_client.paths import store_path
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Action, action
-from capsuled.processes.sample import sample_with_table
+from capsuled.processes.sample import (
+    PartialSample,
+    ProcessSample,
+    partial_samples,
+    sample_with_table,
+    still_running,
+)
 from capsuled.processes.table import ProcessTable
 from capsuled.watch.changes import ChangeFeed
 
 from .candidates import Candidates, wire_text
-from .errors import Errors, ObservationCancelled, Unavailable
+from .errors import Errors, ObservationCancelled, Shortage, Unavailable
 from .generations import Generations
 from .home import Home, HomeReplaced
 from .lineage import Lineage, roots_of
@@ -97,6 +113,9 @@ class Observation:
             exit changes the answer (``capsuled.processes.exits`` watches them). None
             when the observation could not say (``unavailable``).
         verified: what a verification found; None when it did not verify.
+        shortage: the observation failed because the daemon is short of
+            descriptors or memory (``unavailable``, docs/design.md §8): the
+            caller retries soon, nothing on disk needs to change first.
         store_writing: a writer's transaction was open when the store's
             version was read: a commit the watch reported may have been
             unreadable yet, so an observation is owed once it ends
@@ -107,6 +126,7 @@ class Observation:
     home_replaced: bool = False
     watched: Mapping[int, float] | None = None
     verified: Verified | None = None
+    shortage: bool = False
     store_writing: bool = False
 
 
@@ -124,6 +144,13 @@ class ActiveSessionReader:
         generations: the answer counter to continue; a new one when omitted.
         trust_watcher: whether a watcher feeds ``changes`` (may be changed
             between observations: the daemon sets it from its watcher mode).
+        lineage: the sessions' descendants; a new one when omitted.
+
+    Attributes:
+        held: pid → (start time, Unix s; pidfd) of the processes the daemon's
+            exit watch holds; set before each observation. An observation that
+            neither walks nor verifies polls their pidfds once and reads no
+            stat for those that have not exited.
 
     The first observation walks from scratch.
 
@@ -161,6 +188,7 @@ class ActiveSessionReader:
         cancel: threading.Event | None = None,
         generations: Generations | None = None,
         trust_watcher: bool = False,
+        lineage: Lineage | None = None,
     ) -> None:
         self._home = Home(home)
         self.home = self._home.path
@@ -168,6 +196,7 @@ class ActiveSessionReader:
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
         self.trust_watcher = trust_watcher
+        self.held: Mapping[int, tuple[float, int]] = {}
         self._cancel = threading.Event() if cancel is None else cancel
         self._candidates = Candidates()
         self._errors = Errors()
@@ -179,7 +208,7 @@ class ActiveSessionReader:
         self._store_writing = False  # this observation's, see Observation.store_writing
         self._table: ProcessTable | None = None  # the latest sample's, for the descendants
         #: The sessions' descendants, also looked for between observations.
-        self.lineage = Lineage()
+        self.lineage = Lineage() if lineage is None else lineage
 
     @property
     def _cost(self) -> DiscoveryCost:
@@ -227,6 +256,7 @@ class ActiveSessionReader:
         home_replaced = False
         watched: dict[int, float] | None = None
         verified: Verified | None = None
+        shortage = False
         self._store_writing = False
         try:
             watched, verified = self._observe_into(snapshot, verify_barrier_ns)
@@ -236,18 +266,30 @@ class ActiveSessionReader:
         except Unavailable as exc:
             self._owe_rescan()
             home_replaced = isinstance(exc, HomeReplaced)
+            shortage = isinstance(exc, Shortage)
             _unavailable(snapshot, str(exc))
         except StoreUnavailable as exc:
             self._owners.forget()
+            shortage = exc.shortage is not None
             _unavailable(snapshot, str(exc))
         except OSError as exc:
             self._owe_rescan()
-            _unavailable(snapshot, f"observation failed: {exc}")
+            shortage = is_shortage(exc)
+            _unavailable(
+                snapshot, shortage_gap(exc.errno) if shortage else f"observation failed: {exc}"
+            )
         cost.retained = len(self._candidates)
+        if isinstance(self._receipts.sample, PartialSample):
+            cost.process_stats += self._receipts.sample.reads
         snapshot.gaps = [wire_text(gap) for gap in snapshot.gaps]
         snapshot.observed_at = time.time()
         return Observation(
-            self.generations.stamp(snapshot), home_replaced, watched, verified, self._store_writing
+            self.generations.stamp(snapshot),
+            home_replaced,
+            watched,
+            verified,
+            shortage=shortage,
+            store_writing=self._store_writing,
         )
 
     def _observe_into(
@@ -257,7 +299,7 @@ class ActiveSessionReader:
         what a verification found."""
         version, verified = self._collect(verify_barrier_ns)
         sample = self._receipts.sample
-        self._owners.refresh(self.ownership, version, self._candidates, sample)
+        self._owners.refresh(self.ownership, version, self._candidates)
         roots = roots_of(self._candidates, self._owners, sample, PROCESS_TOLERANCE_S)
         descendants = self.lineage.observe(roots, self._table)
         answer = self._projection.project(
@@ -317,12 +359,13 @@ class ActiveSessionReader:
         # that the watch reported but the version cannot show yet.
         self._store_writing = self.ownership.writing()
         version = self.ownership.version()
-        self._resample()
+        full = self._walk.rescan or verify_barrier_ns is not None or not self.trust_watcher
+        self._resample(full)
         verified = None
         if self._walk.rescan:
             self._pending.clear()
             self._walk.from_scratch()
-            self._resample()
+            self._resample(True)
         else:
             pending, self._pending = self._pending, set()
             self._walk.apply_all(pending)
@@ -332,14 +375,27 @@ class ActiveSessionReader:
                 self._walk.recheck_all()
         return version, verified
 
-    def _resample(self) -> None:
-        """Take a fresh sample; judge again the candidates of pids that went or were reused."""
+    def _resample(self, full: bool) -> None:
+        """Take a fresh sample (``full``: the whole table, else a :class:`PartialSample`);
+        judge again the candidates of pids that went or were reused."""
         self._cost.process_samples += 1
-        sample, self._table = sample_with_table()
-        previous, self._receipts.sample = self._receipts.sample, sample
+        previous = self._receipts.sample
+        if isinstance(previous, PartialSample):
+            previous = previous.answered()  # frozen: asking it must not read /proc now
+        sample: ProcessSample
+        if full or not partial_samples():
+            sample, self._table = sample_with_table()
+        else:
+            sample, self._table = PartialSample(still_running(self.held)), None
+        self._receipts.sample = sample
+        if self._table is not None:
+            self._cost.process_stats += len(self._table.stats)
+        elif not isinstance(sample, PartialSample):
+            self._cost.process_stats += len(sample)
         candidates = self._candidates
-        for pid, start in previous.items():
-            if sample.get(pid) == start:
+        for pid in list(candidates.pids()):
+            start = sample.get(pid)
+            if start is not None and start == previous.get(pid):
                 continue
             for key in candidates.of_pid(pid):
                 if not candidates[key].live(sample):

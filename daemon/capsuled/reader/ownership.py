@@ -1,9 +1,11 @@
-"""Ownership: the store's rows for the candidates and the sampled pids (docs/design.md §5 step 3).
+"""Ownership: the store's rows for the candidates and its process rows (docs/design.md §5 step 3).
 
 This is the one ownership cache: the store reader queries only what it is
 asked. Here, while the store's version stays the same, only candidates not
-asked before and pids not sampled before are asked; when the version moves
-(or the store reader is another one), everything is asked again.
+asked before are asked; when the version moves (or the store reader is
+another one), everything is asked again, and every (pid, start) process row
+read: the rows name the pids whose stat the observation reads, so it needs no
+list of every process (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import sys
 
 from capsuled.home.layout import Kind
-from capsuled.processes.sample import ProcessSample
 
 from .candidates import UNASKED, Candidates
 from .store import Ownership, OwnershipReader, StoreVersion
@@ -23,7 +24,7 @@ class Owners:
     """The store's answers the latest projection rests on.
 
     Attributes:
-        rows: pid → ``(started_at, session_id)`` rows of the sampled pids.
+        rows: pid → ``(started_at, session_id)``: every process row of the store.
         contexts: session id → context id of every session named.
         gaps: what the store's answer could not cover (a missing store).
         contexts_revision: grows when ``contexts`` was replaced by a different one.
@@ -38,7 +39,6 @@ class Owners:
         self.gaps_revision = 0
         self._version: StoreVersion | object = UNASKED  # the store version these came from
         self._asked_of: OwnershipReader | None = None  # the store reader they came from
-        self._asked_pids: set[int] = set()
 
     def forget(self) -> None:
         """Ask everything again next time (the store could not be read)."""
@@ -49,7 +49,6 @@ class Owners:
         store: OwnershipReader,
         version: StoreVersion,
         candidates: Candidates,
-        sample: ProcessSample,
     ) -> None:
         """Ask ``store`` about what it was not asked yet, or everything if it changed.
 
@@ -60,30 +59,24 @@ class Owners:
         everything = version != self._version or store is not self._asked_of
         if everything:
             keys: list[str] = [k for k, c in candidates.items() if c.gap is None]
-            pids: list[int] = list(sample)
         else:
             keys = sorted(candidates.unasked)
-            pids = [pid for pid in sample if pid not in self._asked_pids]
-        if not (everything or keys or pids):
+        if not (everything or keys):
             return
         inputs: list[str] = []
         execs: list[str] = []
         for key in keys:
             candidate = candidates[key]
             (execs if candidate.kind is Kind.EXEC else inputs).append(candidate.key)
-        answer = store.session_process_ownership(inputs, execs, pids)
+        answer = store.session_process_ownership(inputs, execs, None if everything else ())
         if everything:
-            self.rows = {}
+            self.rows = answer.processes
             if answer.contexts != self.contexts:
                 self.contexts_revision += 1
             if answer.gaps != self.gaps:
                 self.gaps_revision += 1
             self.contexts = {}
             self.gaps = answer.gaps
-        self._asked_pids = set(sample)
-        for pid in [pid for pid in self.rows if pid not in sample]:
-            del self.rows[pid]
-        self.rows.update(answer.processes)
         self.contexts.update(answer.contexts)
         _assign(candidates, keys, answer)
         if not candidates.unasked:

@@ -3,8 +3,10 @@
 A receipt is opened without following symlinks or blocking, checked (a
 regular file of the daemon's user, at most 64 KiB), read, parsed and judged
 live against the latest sample (docs/design.md §3); a failure is an error
-for its path, never raised. A re-check trusts ``lstat`` when the file's
-signature is unchanged and stable, and reads it again otherwise.
+for its path, except the daemon's own shortage (``EMFILE``, ``ENOMEM``...),
+which fails the observation (:class:`~capsuled.reader.errors.Shortage`).
+A re-check trusts ``lstat`` when the file's signature is unchanged and
+stable, and reads it again otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from capsuled.home.layout import EXEC_PARTS, SERVERS_PARTS, Kind
 from capsuled.processes.sample import ProcessSample
 
 from .candidates import Candidates, Numbers, Receipt, Signature, make_candidate
-from .errors import Errors, ObservationCancelled, describe
+from .errors import Errors, ObservationCancelled, describe, raise_if_short
 from .home import Home
 
 __all__ = ["ReceiptReader"]
@@ -81,7 +83,12 @@ class ReceiptReader:
         self.errors.clear(path)
 
     def read(self, path: str, kind: Kind) -> None:
-        """Read, parse and judge one receipt; a failure is an error for its path, never raised."""
+        """Read, parse and judge one receipt; a failure is an error for its path.
+
+        Raises:
+            Shortage: the daemon is short of descriptors or memory; nothing
+                about the receipt changed (docs/design.md §8).
+        """
         self.check_cancelled()
         self.cost.receipts += 1
         if self.seen is not None:
@@ -205,6 +212,7 @@ class ReceiptReader:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
+            raise_if_short(exc)  # the daemon's trouble, not the receipt's
             if exc.errno == errno.ELOOP:
                 raise ReceiptError("is a symbolic link; receipts are not followed") from exc
             raise ReceiptError(f"cannot open receipt: {describe(exc)}") from exc
@@ -221,6 +229,7 @@ class ReceiptReader:
                 raise ReceiptError(f"{st.st_size} bytes, larger than {MAX_RECEIPT_BYTES}")
             data = _read_at_most(fd, MAX_RECEIPT_BYTES + 1)
         except OSError as exc:
+            raise_if_short(exc)
             raise ReceiptError(f"cannot read receipt: {describe(exc)}") from exc
         finally:
             os.close(fd)

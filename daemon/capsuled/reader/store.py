@@ -26,6 +26,7 @@ stability check (docs/design.md §5 step 4) compares versions instead of queryin
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import stat
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 from capsule_client.store import USER_VERSION
+from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
 from .store_writer import WriterProbe
 
@@ -57,7 +59,32 @@ StoreVersion = tuple[int, int, int] | None
 
 class StoreUnavailable(Exception):
     """The store exists but cannot be read: corrupt, locked past the timeout,
-    unreadable, or of another ``user_version``. The message says which."""
+    unreadable, or of another ``user_version``. The message says which.
+
+    ``shortage`` is the errno when the daemon, not the store, is short
+    (out of descriptors or memory, docs/design.md §8); None otherwise.
+    """
+
+    def __init__(self, message: str, shortage: int | None = None) -> None:
+        super().__init__(message)
+        self.shortage = shortage
+
+
+def _unavailable(message: str, exc: BaseException) -> StoreUnavailable:
+    """A :class:`StoreUnavailable` for ``exc``: the shortage's gap when the daemon is short.
+
+    SQLite's own errors carry no errno ("unable to open database file"):
+    a probe tells whether the daemon can open a descriptor at all.
+    """
+    if is_shortage(exc):
+        assert isinstance(exc, OSError)
+        return StoreUnavailable(shortage_gap(exc.errno), exc.errno)
+    if isinstance(exc, sqlite3.Error):
+        nomem = getattr(exc, "sqlite_errorname", None) == "SQLITE_NOMEM"
+        if nomem or descriptors_short():
+            code = errno.ENOMEM if nomem else errno.EMFILE
+            return StoreUnavailable(shortage_gap(code), code)
+    return StoreUnavailable(message)
 
 
 @dataclass(frozen=True)
@@ -144,23 +171,25 @@ class OwnershipReader:
             self.close()
             return None
         except OSError as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         identity = (st.st_dev, st.st_ino)
         try:
             db = self._connect(identity)  # checks the files are regular when it opens
             ((data_version,),) = db.execute("PRAGMA data_version").fetchall()  # ends the read
         except sqlite3.Error as exc:
             self.close()
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         return (*identity, int(data_version))
 
     def session_process_ownership(
-        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int]
+        self, inputs: Iterable[str], execs: Iterable[str], pids: Iterable[int] | None
     ) -> Ownership:
         """Which session owns each of the given input ids, exec ids and pids.
 
         Only the keys asked are read, in one read transaction; long key lists
-        are split into chunks of :data:`CHUNK_SIZE`. A missing store means nobody owns
+        are split into chunks of :data:`CHUNK_SIZE`. ``pids`` None reads every
+        process row (the reader asks so when the store changed: the rows then
+        name the pids it reads, docs/design.md §5). A missing store means nobody owns
         anything: the answer is empty, with a gap saying so.
 
         Raises:
@@ -175,8 +204,8 @@ class OwnershipReader:
                 gaps=(f"ownership store {self.path} does not exist; nobody owns anything",)
             )
         except OSError as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
-        asked = sorted(set(inputs)), sorted(set(execs)), sorted(set(pids))
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
+        asked = sorted(set(inputs)), sorted(set(execs)), None if pids is None else sorted(set(pids))
         try:
             db = self._connect((st.st_dev, st.st_ino))
             db.execute("BEGIN")
@@ -186,7 +215,7 @@ class OwnershipReader:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
             self.close()
-            raise StoreUnavailable(f"ownership store {self.path} cannot be read: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be read: {exc}", exc) from exc
         except StoreUnavailable:
             self.close()
             raise
@@ -206,7 +235,7 @@ class OwnershipReader:
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"ownership store {self.path} cannot be opened: {exc}") from exc
+            raise _unavailable(f"ownership store {self.path} cannot be opened: {exc}", exc) from exc
         self._db, self._identity = db, identity
         return db
 
@@ -219,8 +248,8 @@ class OwnershipReader:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise StoreUnavailable(
-                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}"
+                raise _unavailable(
+                    f"ownership store {self.path} cannot be opened: {name}: {exc.strerror}", exc
                 ) from exc
             if not stat.S_ISREG(mode):
                 raise StoreUnavailable(
@@ -228,7 +257,7 @@ class OwnershipReader:
                 )
 
     def _read(
-        self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int]
+        self, db: sqlite3.Connection, inputs: list[str], execs: list[str], pids: list[int] | None
     ) -> Ownership:
         """Inside a read transaction: the owners of the keys asked, and their contexts."""
         (version,) = db.execute("PRAGMA user_version").fetchone()  # starts the read
@@ -236,21 +265,28 @@ class OwnershipReader:
             raise StoreUnavailable(
                 f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
             )
-        if not (inputs or execs or pids):
+        if not (inputs or execs or pids or pids is None):
             return Ownership()
         self.queries += 1
         owned_inputs = dict(self._select(db, "session_inputs", "input_id", inputs))
         owned_execs = dict(self._select(db, "session_execs", "exec_id", execs))
         processes: dict[int, list[tuple[int, str]]] = {}
-        for pid_chunk in _chunks(pids):
-            marks = ",".join("?" * len(pid_chunk))
-            rows = db.execute(
-                "SELECT pid, started_at, session_id FROM session_processes"
-                f" WHERE pid IN ({marks}) ORDER BY pid, started_at",
-                pid_chunk,
+        query = "SELECT pid, started_at, session_id FROM session_processes"
+        rows: Iterable[tuple[int, int, str]]
+        if pids is None:
+            rows = db.execute(f"{query} ORDER BY pid, started_at")
+        else:
+            rows = (
+                row
+                for pid_chunk in _chunks(pids)
+                for row in db.execute(
+                    f"{query} WHERE pid IN ({','.join('?' * len(pid_chunk))})"
+                    " ORDER BY pid, started_at",
+                    pid_chunk,
+                )
             )
-            for pid, started_at, session_id in rows:
-                processes.setdefault(pid, []).append((started_at, session_id))
+        for pid, started_at, session_id in rows:
+            processes.setdefault(pid, []).append((started_at, session_id))
         sessions = sorted(
             {*owned_inputs.values(), *owned_execs.values()}
             | {session for rows in processes.values() for _, session in rows}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
 
-from .errors import describe
+from .errors import describe, raise_if_short
 from .listings import RACY_MARGIN_NS, Listings
 from .receipts import ReceiptReader
 
@@ -259,6 +259,7 @@ class Walk:
                 self.receipts.set_error(path, "is a symbolic link; not followed")
             return
         except OSError as exc:
+            raise_if_short(exc)  # the daemon's trouble, not the directory's
             self.receipts.set_error(path, f"cannot list directory: {describe(exc)}")
             return
         self.receipts.cost.directories += 1
@@ -272,6 +273,7 @@ class Walk:
                         names[entry.name] = entry.inode()
                     self._visit(entry, child)
             except OSError as exc:
+                raise_if_short(exc)
                 self.receipts.set_error(path, f"cannot list directory: {describe(exc)}")
                 return
         self.listings.record(path, st, names)

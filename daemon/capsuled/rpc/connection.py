@@ -25,6 +25,7 @@ import structlog
 from anyio.abc import SocketStream
 
 from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES
+from capsuled.common.shortage import is_shortage
 
 from .jsonrpc import encode_error
 
@@ -290,11 +291,19 @@ class HangUps:
     events: epoll reports a hang-up (the peer closed both directions) and an
     error by itself, and a half-close is neither. One task waits for the
     descriptor to be readable. Without epoll (not Linux) nothing is watched
-    here, and :meth:`Connection.unless_peer_leaves` asks the socket itself.
+    here, and :meth:`Connection.unless_peer_leaves` asks the socket itself;
+    so too when the daemon starts short of descriptors (docs/design.md §8).
     """
 
     def __init__(self) -> None:
-        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._epoll: select.epoll | None = None
+        if hasattr(select, "epoll"):
+            try:
+                self._epoll = select.epoll()
+            except OSError as exc:
+                if not is_shortage(exc):
+                    raise
+                log.warning("hang-ups are asked of each socket: no descriptor for epoll")
         self._watched: dict[int, Connection] = {}
 
     def watch(self, connection: Connection) -> None:
@@ -337,12 +346,19 @@ async def _hung_up(sock: socket.socket) -> None:
     A half-close alone (the peer still waits for an answer) does not count
     (see :class:`HangUps`).
     """
-    if not hasattr(select, "epoll"):
+    watch = None
+    if hasattr(select, "epoll"):
+        try:
+            watch = select.epoll(1)
+        except OSError as exc:
+            if not is_shortage(exc):
+                raise
+    if watch is None:
         # Nothing wakes a task at a hang-up alone: ask again now and then.
         while not _hung_up_now(sock):  # noqa: ASYNC110
             await anyio.sleep(_HANG_UP_POLL_S)
         return
-    with select.epoll(1) as watch:
+    with watch:
         watch.register(sock.fileno(), 0)
         await anyio.wait_readable(watch.fileno())
 

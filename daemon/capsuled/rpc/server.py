@@ -12,16 +12,19 @@ connection, so a stuck reader cannot hold a request slot forever.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
+import select
 import socket
 from collections.abc import Callable
+from typing import Final
 
 import anyio
 import structlog
 from anyio.abc import ByteStream, SocketStream, TaskGroup, TaskStatus, UNIXSocketStream
 
 from capsule_client.protocol import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
+from capsuled.common.shortage import is_shortage
 
 from .connection import Connection, HangUps, current_connection
 from .jsonrpc import Dispatcher, ReplyParts, encode_error
@@ -31,10 +34,15 @@ __all__ = [
     "Server",
     "UnixListener",
     "current_connection",
-    "fit_to_descriptors",
 ]
 
 log = structlog.get_logger("capsuled.server")
+
+#: Connections past the cap being refused at once (docs/design.md §8).
+MAX_REFUSING: Final = 4
+
+#: Seconds between two tries of an ``accept`` that failed.
+_ACCEPT_RETRY_S: Final = 0.1
 
 
 class Server:
@@ -64,6 +72,8 @@ class Server:
         self.on_connect = on_connect
         self.connections: set[Connection] = set()
         self._accepted = 0
+        self._admitted = 0  # connections accepted and not yet closed
+        self._refusals = anyio.Semaphore(MAX_REFUSING)  # refusals past the cap under way
         self._accept_scope = anyio.CancelScope()
         self._connection_closed = anyio.Event()
         self._accepting = True
@@ -83,11 +93,10 @@ class Server:
     ) -> None:
         """Accept connections until :meth:`stop_accepting`, then wait for them to end.
 
-        Before accepting, the connection cap is fitted to the open-file limit
-        (see :func:`fit_to_descriptors`), so that the cap answers -32002 before
-        ``accept`` runs out of descriptors.
+        The cap is the connections' share of the open-file limit
+        (:mod:`capsuled.service.budget`), so the cap answers -32002 before ``accept``
+        runs out of descriptors; a spare descriptor is kept for when it does.
         """
-        self.max_connections = fit_to_descriptors(self.max_connections)
         self._spare_fd = _open_spare()
         self._hang_ups = HangUps()
         try:
@@ -107,18 +116,77 @@ class Server:
                 self._spare_fd = None
 
     async def _accept_loop(self, listener: UnixListener, tg: TaskGroup) -> None:
+        failing = False  # logged once per run of failures, not at every retry
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._refuse_one(listener):
+                if is_shortage(exc) and self._refuse_one(listener):
                     continue
                 # Anything else, or no spare descriptor: back off instead of spinning.
-                log.warning("accept failed", error=str(exc), errno=exc.errno)
-                await anyio.sleep(0.1)
+                if not failing:
+                    log.warning("accept failed; retrying", error=str(exc), errno=exc.errno)
+                failing = True
+                await anyio.sleep(_ACCEPT_RETRY_S)
+                if is_shortage(exc):  # accept(2) fails so even with nobody waiting
+                    with contextlib.suppress(anyio.ClosedResourceError):  # replaced
+                        await anyio.wait_readable(listener.socket)
                 continue
+            if failing:
+                log.info("accepting again")
+                failing = False
+            if self._at_cap():
+                await self._refusals.acquire()  # at most a few at once: the rest wait
+                tg.start_soon(self._refuse_over_cap, stream)
+                continue
+            self._admitted += 1
             self._accepted += 1
             tg.start_soon(self._serve_connection, stream, self._accepted)
+
+    def _at_cap(self) -> bool:
+        """Whether one more connection would pass the cap.
+
+        A connection whose peer has hung up is about to close (its task has not
+        run yet): it is not counted, so a client that connects the moment
+        another left is served, not refused. Asked with one ``poll`` (no
+        descriptor), only at the cap.
+        """
+        if self._admitted < self.max_connections:
+            return False
+        poller = select.poll()
+        closed = 0  # closed already, its task not ended yet
+        for connection in self.connections:
+            raw = connection.stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+            fd = -1 if raw is None else raw.fileno()
+            if fd < 0:
+                closed += 1
+            else:
+                poller.register(fd, 0)  # hang-ups and errors are always reported
+        return self._admitted - closed - len(poller.poll(0)) >= self.max_connections
+
+    async def _refuse_over_cap(self, stream: UNIXSocketStream) -> None:
+        """One connection past the cap: one -32002 line, then closed gently.
+
+        At most :data:`MAX_REFUSING` are refused at once, and the accept loop
+        waits for one of them to end before it accepts again: a burst of
+        clients past the cap holds a few descriptors, never the shares of
+        the others (docs/design.md §8). Each is half-closed and what the peer
+        sends is read until it closes (bounded, as for a refused peer): a Unix
+        socket closed with unread data resets its peer before it reads the line.
+        """
+        try:
+            log.warning("connection refused: too many", limit=self.max_connections)
+            line = encode_error(
+                ErrorCode.OVERLOADED, f"overloaded: more than {self.max_connections} connections"
+            )
+            async with stream:
+                try:
+                    await stream.send(line + b"\n")
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return
+                await _hang_up_gently(stream)
+        finally:
+            self._refusals.release()
 
     def _refuse_one(self, listener: UnixListener) -> bool:
         """Out of descriptors: accept one waiting connection, answer -32002, close it.
@@ -192,6 +260,7 @@ class Server:
         except Exception:
             log.warning("connection failed", connection=number, exc_info=True)
         finally:
+            self._admitted -= 1
             self.connections.discard(connection)
             connection.closed.set()
             # Wake every waiter, then arm a fresh event for the next close.
@@ -200,15 +269,6 @@ class Server:
 
     async def _converse(self, connection: Connection) -> None:
         stream = connection.stream
-        if len(self.connections) > self.max_connections:
-            log.warning("connection refused: too many", limit=self.max_connections)
-            await connection.send_line(
-                encode_error(
-                    ErrorCode.OVERLOADED,
-                    f"overloaded: more than {self.max_connections} connections",
-                )
-            )
-            return
         if self.on_connect is not None:
             raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
             refusal = self.on_connect(raw) if raw is not None else None
@@ -254,52 +314,6 @@ class Server:
                 exc_info=True,
             )
             return (encode_error(INTERNAL_ERROR, f"internal error: {type(exc).__name__}"),)
-
-
-#: Descriptors kept free for everything that is not a connection: the store,
-#: receipts being read, the watcher, the log, the listener (at most a quarter
-#: of a small limit).
-DESCRIPTOR_RESERVE = 64
-
-
-def fit_to_descriptors(max_connections: int) -> int:
-    """The connection cap that the open-file limit can honour.
-
-    Raises the soft ``RLIMIT_NOFILE`` to the hard limit (the daemon never uses
-    ``select``, so a large limit costs nothing), then caps connections at the
-    soft limit less a reserve. A smaller cap than asked is logged.
-
-    Args:
-        max_connections: the cap asked for (``--max-connections``).
-
-    Returns:
-        The cap to use, at least 1.
-    """
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return max_connections
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, max_connections * 2)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (OSError, ValueError) as exc:  # macOS refuses more than OPEN_MAX
-            log.info("could not raise the open-file limit", error=str(exc))
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return max_connections
-    reserve = min(DESCRIPTOR_RESERVE, soft // 4)
-    fitted = max(1, min(max_connections, soft - reserve))
-    if fitted < max_connections:
-        log.warning(
-            "connection cap lowered to fit the open-file limit",
-            max_connections=max_connections,
-            fitted=fitted,
-            nofile_soft=soft,
-            nofile_hard=hard,
-        )
-    return fitted
 
 
 def _open_spare() -> int | None:

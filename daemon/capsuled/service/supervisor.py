@@ -26,10 +26,12 @@ import time
 
 import anyio
 import structlog
+from anyio import open_signal_receiver  # imported now: a lazy import needs a descriptor
 from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
 from capsule_client.protocol import NoParams, StatusTotals
+from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
 from capsuled.discovery.subscriptions import SubscriptionHub
 from capsuled.handlers import method_table
@@ -53,7 +55,7 @@ from capsuled.rpc import sockets
 from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.rpc.peers import refuse_peer
 from capsuled.rpc.server import Server, UnixListener
-from capsuled.service import notify
+from capsuled.service import budget, notify
 from capsuled.startup_errors import ServiceError
 from capsuled.watch.changes import ChangeFeed
 from capsuled.watch.watcher import HomeWatcher
@@ -95,6 +97,8 @@ class Daemon:
         # The watch feeds discovery's reader; it starts before discovery's
         # first observation, a walk: one walk to ready, and nothing written
         # meanwhile is missed.
+        # docs/design.md §8: the open-file limit raised and shared out first.
+        self.budget = budget.share(config.max_pidfds, config.max_connections)
         feed = ChangeFeed()
         self.watcher = HomeWatcher(
             config.home,
@@ -110,7 +114,8 @@ class Daemon:
             totals=self.totals,
             changes=feed,
             watcher_mode=lambda: watcher.mode,  # it may fall back to polling
-            max_pidfds=config.max_pidfds,
+            max_pidfds=self.budget.exit_pidfds,
+            descendant_pidfds=self.budget.descendant_pidfds,
             sync=watcher.sync,
             verify_interval_s=config.verify_interval_s,
             on_missed=watcher.recheck,
@@ -125,7 +130,7 @@ class Daemon:
         )
         self.server = Server(
             self.dispatcher,
-            max_connections=config.max_connections,
+            max_connections=self.budget.connections,
             write_timeout_s=config.write_timeout_s,
             on_connect=refuse_peer,  # docs/design.md §8: a peer of another uid gets -32006
         )
@@ -205,6 +210,10 @@ class Daemon:
             listening = sockets.open_listener(self.config.socket)  # lock, then socket
         except ServiceError as exc:
             raise StartupError(str(exc)) from exc
+        except OSError as exc:
+            if not is_shortage(exc):
+                raise
+            raise StartupError(shortage_gap(exc.errno, retrying=False)) from exc
         if listening.path != self.config.socket:
             self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
@@ -284,7 +293,7 @@ class Daemon:
             self.server.close_all()
 
     async def _read_signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        with open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     log.info("SIGHUP: scheduling a rescan")

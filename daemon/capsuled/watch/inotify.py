@@ -31,6 +31,7 @@ import anyio
 import structlog
 from inotify_simple import INotify, flags
 
+from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
 
 from .changes import ChangeFeed
@@ -285,15 +286,22 @@ class InotifyWatch:
         """
         seen: set[Parts] = {parts}
         pending = [parts]
+        short = False
         while pending:
             here = pending.pop()
-            for name in _entered_directories(self._home, here):
+            try:
+                names = _entered_directories(self._home, here)
+            except OSError as exc:  # short of descriptors: polled, listed again at a retry
+                self._poll_instead(here, exc)
+                short = True
+                continue
+            for name in names:
                 child = (*here, name)
                 known = child in self._map and not recheck
                 if known or self._add(child) is not None or child in self._polled:
                     seen.add(child)
                     pending.append(child)
-        if recheck:
+        if recheck and not short:  # what was not listed is not known to be gone
             for gone in [known for known in self._map.known_below(parts) if known not in seen]:
                 self._forget_below(gone)
 
@@ -453,10 +461,17 @@ def _leads_to(path: str, st: os.stat_result) -> bool:
 
 def _entered_directories(home: str, here: Parts) -> list[str]:
     """The names of the entered directories in ``here`` (links are not directories);
-    none when ``here`` is gone, a link now, or unreadable (the reader says which)."""
+    none when ``here`` is gone, a link now, or unreadable (the reader says which).
+
+    Raises:
+        OSError: the daemon is short of descriptors or memory
+            (:func:`capsuled.common.shortage.is_shortage`): nothing is known of ``here``.
+    """
     try:
         fd = open_directory(os.path.join(home, *here), follow=not here)
-    except OSError:
+    except OSError as exc:
+        if is_shortage(exc):
+            raise
         return []
     try:
         with os.scandir(fd) as entries:
@@ -467,7 +482,9 @@ def _entered_directories(home: str, here: Parts) -> list[str]:
                 and entry.is_dir(follow_symlinks=False)
                 and entered((*here, entry.name))
             ]
-    except OSError:
+    except OSError as exc:
+        if is_shortage(exc):
+            raise
         return []  # gone while listed
     finally:
         os.close(fd)

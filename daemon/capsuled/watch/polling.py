@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
+from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
 
 __all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
@@ -58,19 +59,6 @@ class Look:
 
     def __bool__(self) -> bool:
         return self.store or self.home or bool(self.paths)
-
-
-class _NoEntries:
-    """An empty listing, for a directory that could not be opened."""
-
-    def __enter__(self) -> list[os.DirEntry[str]]:
-        return []
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_ENTRIES = _NoEntries()
 
 
 class Poller:
@@ -143,45 +131,14 @@ class Poller:
         Returns:
             the entered subdirectories (real directories, never links).
         """
-        path = os.path.join(self._home, *parts)
         before = self._seen.get(parts)
-        now: dict[str, _EntrySignature] = {}
-        children: list[Parts] = []
         racy_after = time.time_ns() - _RACY_WINDOW_NS
-        young: set[str] = set()
         try:
-            fd = open_directory(path, follow=not parts)
-        except OSError:
-            fd = None  # gone, a link, unreadable: no entries (the reader says why)
-        try:
-            with os.scandir(fd) if fd is not None else _NO_ENTRIES as entries:
-                for entry in entries:
-                    if entry.name.startswith("."):
-                        continue
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue  # gone since the listing
-                    child = (*parts, entry.name)
-                    if stat.S_ISDIR(st.st_mode):  # its chmod says nothing: its entries do
-                        now[entry.name] = (st.st_ino, stat.S_IFDIR, 0, 0, 0)
-                        if entered(child):
-                            children.append(child)
-                    else:
-                        now[entry.name] = (
-                            st.st_ino,
-                            st.st_mode,
-                            st.st_size,
-                            st.st_mtime_ns,
-                            st.st_ctime_ns,
-                        )
-                        if max(st.st_mtime_ns, st.st_ctime_ns) >= racy_after:
-                            young.add(entry.name)
-        except OSError:
-            pass  # gone while listed
-        finally:
-            if fd is not None:
-                os.close(fd)
+            now, children = _list(os.path.join(self._home, *parts), parts)
+        except OSError:  # the daemon is short of descriptors: nothing is known to have changed
+            return _children(parts, before)
+        # Files (a directory's signature has no stamps) changed within the racy window.
+        young = {name for name, sig in now.items() if max(sig[3], sig[4]) >= racy_after}
         self._seen[parts] = now
         self._compare(parts, before or {}, now, young, look if report else None)
         return children
@@ -210,6 +167,62 @@ class Poller:
         """Stop remembering the directory at ``parts`` (it is watched now, or gone)."""
         self._seen.pop(parts, None)
         self._racy.pop(parts, None)
+
+
+def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Parts]]:
+    """The entries of the directory at ``path`` and its entered subdirectories; none
+    when it is gone, a link or unreadable (the reader says why).
+
+    Raises:
+        OSError: the daemon is short of descriptors or memory
+            (:func:`capsuled.common.shortage.is_shortage`).
+    """
+    now: dict[str, _EntrySignature] = {}
+    children: list[Parts] = []
+    try:
+        fd = open_directory(path, follow=not parts)
+    except OSError as exc:
+        if is_shortage(exc):
+            raise
+        return now, children
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone since the listing
+                child = (*parts, entry.name)
+                if stat.S_ISDIR(st.st_mode):  # its chmod says nothing: its entries do
+                    now[entry.name] = (st.st_ino, stat.S_IFDIR, 0, 0, 0)
+                    if entered(child):
+                        children.append(child)
+                else:
+                    now[entry.name] = (
+                        st.st_ino,
+                        st.st_mode,
+                        st.st_size,
+                        st.st_mtime_ns,
+                        st.st_ctime_ns,
+                    )
+    except OSError as exc:
+        if is_shortage(exc):  # cut short: what was listed is not all there is
+            raise
+        # else gone while listed
+    finally:
+        os.close(fd)
+    return now, children
+
+
+def _children(parts: Parts, before: dict[str, _EntrySignature] | None) -> list[Parts]:
+    """The entered subdirectories ``parts`` held when last looked at."""
+    return [
+        (*parts, name)
+        for name, signature in (before or {}).items()
+        if signature[1] == stat.S_IFDIR and entered((*parts, name))
+    ]
 
 
 def _report(look: Look, parts: Parts) -> None:

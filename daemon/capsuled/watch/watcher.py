@@ -24,6 +24,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from capsule_client.protocol import WatcherMode, WatchStatus
+from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 from capsuled.home.layout import reader_cares
 
 from .changes import ChangeFeed
@@ -338,7 +339,10 @@ class HomeWatcher:
         log.warning(
             "native watch cannot start; falling back to polling",
             home=str(self.home),
-            cause=str(exc),
+            # tempfile says ENOENT when every open failed for EMFILE: probe.
+            cause=shortage_gap(exc.errno, retrying=False)
+            if is_shortage(exc) or descriptors_short()
+            else str(exc),
             poll_interval_s=self._poll_interval_s,
         )
         self._feed.request_rescan()
