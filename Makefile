@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-tools lint bench bench-quick clean
+.PHONY: run test test-slow test-tools lint bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/capsuled
 
+# The suite a change is checked with (a few minutes); test-slow is the rest:
+# the reader models with many examples and the other `slow` tests. CI runs both.
 test: lint test-tools
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(VENV)/.installed-test test-tools
+	$(BIN)/python -m pytest -m slow
 
 # What the tests run beside the daemon: Debian's node_exporter scrapes the
 # metrics textfile (tests/integration/test_metrics_daemon.py). Installed when

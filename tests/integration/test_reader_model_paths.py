@@ -267,5 +267,26 @@ PolledPathsReaderModel.TestCase.settings = settings(
 )
 #: The full run (``CAPSULED_HARDENING_FULL=1``) takes minutes, not the suite's 60 s.
 _TIMEOUT = pytest.mark.timeout(size(300, 3600))
-TestPathsReaderModel = pytest.mark.slow(_TIMEOUT(PathsReaderModel.TestCase))
-TestPolledPathsReaderModel = pytest.mark.slow(_TIMEOUT(PolledPathsReaderModel.TestCase))
+TestPathsReaderModel = _TIMEOUT(PathsReaderModel.TestCase)
+TestPolledPathsReaderModel = _TIMEOUT(PolledPathsReaderModel.TestCase)
+
+
+class ManyPathsReaderModel(PathsReaderModel):
+    """The same model with many more examples: ``make test-slow`` (and CI) runs it."""
+
+
+class ManyPolledPathsReaderModel(PolledPathsReaderModel):
+    """The polled model with many more examples (``make test-slow``)."""
+
+
+ManyPathsReaderModel.TestCase.settings = settings(
+    PathsReaderModel.TestCase.settings, max_examples=30
+)
+ManyPolledPathsReaderModel.TestCase.settings = settings(
+    PathsReaderModel.TestCase.settings, max_examples=15
+)
+_SLOW_TIMEOUT = pytest.mark.timeout(1200)
+TestManyPathsReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPathsReaderModel.TestCase))
+TestManyPolledPathsReaderModel = pytest.mark.slow(
+    _SLOW_TIMEOUT(ManyPolledPathsReaderModel.TestCase)
+)
