@@ -147,8 +147,8 @@ def test_links_that_come_and_go_within_a_second(short_dir: Path, pool: Sleepers,
     with trusted(short_dir, pool.start(), mode) as t:
         t.client_receipt("r1", "inp_a", "c1")
         t.check()
-        began = time.monotonic()
         for n in range(20):
+            made = time.monotonic()
             cycles_and_dangling_links(t)
             (t.home / "runs/r2").symlink_to("r1")
             (t.home / "runs/r1/inp_a/cwd").symlink_to(t.home)
@@ -156,7 +156,7 @@ def test_links_that_come_and_go_within_a_second(short_dir: Path, pool: Sleepers,
             t.exec_receipt(f"exe_flicker{n}")
             for link in links_under(t.home):
                 link.unlink()
-        assert time.monotonic() - began < 1.0  # each link came and went within a second
+            assert time.monotonic() - made < 1.0  # these links came and went within a second
         t.plain("the receipts written while links flickered")
         t.check()
 
