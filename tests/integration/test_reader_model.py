@@ -1011,8 +1011,8 @@ class ManyPolledReaderModel(PolledReaderModel):
     """The polled model with many more examples (``make test-slow``)."""
 
 
-ManyReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=60)
-ManyPolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=30)
+ManyReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=120)
+ManyPolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=60)
 _SLOW_TIMEOUT = pytest.mark.timeout(1200)
 TestManyReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyReaderModel.TestCase))
 TestManyPolledReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPolledReaderModel.TestCase))

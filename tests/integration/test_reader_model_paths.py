@@ -280,10 +280,10 @@ class ManyPolledPathsReaderModel(PolledPathsReaderModel):
 
 
 ManyPathsReaderModel.TestCase.settings = settings(
-    PathsReaderModel.TestCase.settings, max_examples=30
+    PathsReaderModel.TestCase.settings, max_examples=60
 )
 ManyPolledPathsReaderModel.TestCase.settings = settings(
-    PathsReaderModel.TestCase.settings, max_examples=15
+    PathsReaderModel.TestCase.settings, max_examples=30
 )
 _SLOW_TIMEOUT = pytest.mark.timeout(1200)
 TestManyPathsReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPathsReaderModel.TestCase))
