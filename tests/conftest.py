@@ -10,16 +10,19 @@ from support import DaemonProcess, short_tmpdir
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Children get SIGINT as a terminal would deliver it.
+    """Children get SIGINT and SIGHUP as a terminal would deliver them.
 
     A suite started with SIGINT ignored (a background job of a
-    non-interactive shell, ``nohup``) hands the ignoring on to every child
-    it starts, and Python leaves an inherited ignore in place: the tests
-    that stop ``capsulectl watch`` with Ctrl-C would wait for an exit that
+    non-interactive shell) or SIGHUP ignored (``nohup``) hands the ignoring
+    on to every child it starts, and Python leaves an inherited ignore in
+    place: the tests that stop ``capsulectl watch`` with Ctrl-C, or a
+    ``sleep`` with ``session.terminate``'s HUP, would wait for an exit that
     never comes.
     """
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture
