@@ -1003,6 +1003,9 @@ TestReaderModel = _TIMEOUT(ReaderModel.TestCase)
 TestPolledReaderModel = _TIMEOUT(PolledReaderModel.TestCase)
 
 
+# The many-example runs draw the same examples every time (derandomized), so a
+# red CI is a change's doing, not a draw's; the suite's few examples are drawn
+# anew each run.
 class ManyReaderModel(ReaderModel):
     """The same model with many more examples: ``make test-slow`` (and CI) runs it."""
 
@@ -1011,8 +1014,12 @@ class ManyPolledReaderModel(PolledReaderModel):
     """The polled model with many more examples (``make test-slow``)."""
 
 
-ManyReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=120)
-ManyPolledReaderModel.TestCase.settings = settings(ReaderModel.TestCase.settings, max_examples=60)
+ManyReaderModel.TestCase.settings = settings(
+    ReaderModel.TestCase.settings, max_examples=120, derandomize=True
+)
+ManyPolledReaderModel.TestCase.settings = settings(
+    ReaderModel.TestCase.settings, max_examples=60, derandomize=True
+)
 _SLOW_TIMEOUT = pytest.mark.timeout(1200)
 TestManyReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyReaderModel.TestCase))
 TestManyPolledReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPolledReaderModel.TestCase))

@@ -271,6 +271,9 @@ TestPathsReaderModel = _TIMEOUT(PathsReaderModel.TestCase)
 TestPolledPathsReaderModel = _TIMEOUT(PolledPathsReaderModel.TestCase)
 
 
+# The many-example runs draw the same examples every time (derandomized), so a
+# red CI is a change's doing, not a draw's; the suite's few examples are drawn
+# anew each run.
 class ManyPathsReaderModel(PathsReaderModel):
     """The same model with many more examples: ``make test-slow`` (and CI) runs it."""
 
@@ -280,10 +283,10 @@ class ManyPolledPathsReaderModel(PolledPathsReaderModel):
 
 
 ManyPathsReaderModel.TestCase.settings = settings(
-    PathsReaderModel.TestCase.settings, max_examples=60
+    PathsReaderModel.TestCase.settings, max_examples=60, derandomize=True
 )
 ManyPolledPathsReaderModel.TestCase.settings = settings(
-    PathsReaderModel.TestCase.settings, max_examples=30
+    PathsReaderModel.TestCase.settings, max_examples=30, derandomize=True
 )
 _SLOW_TIMEOUT = pytest.mark.timeout(1200)
 TestManyPathsReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPathsReaderModel.TestCase))
