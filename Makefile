@@ -20,8 +20,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/capsuled
 
-# The suite a change is checked with (a few minutes); test-slow is the rest:
-# the reader models with many examples and the other `slow` tests. CI runs both.
+# The suite a change is checked with (a few minutes); test-slow is the rest,
+# the tests marked `slow` (several seconds each, or machine-wide sysctls).
+# CI runs both.
 test: lint test-tools
 	$(BIN)/python -m pytest -m "not slow"
 

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_NUMBERS = list(range(1, 20))
 
 
+@pytest.mark.slow
 @pytest.mark.benchmark_smoke
 @pytest.mark.timeout(120)
 def test_quick_benchmark_run_writes_a_table_for_every_scenario(tmp_path: Path) -> None:

@@ -291,6 +291,7 @@ def _alive(daemon: DaemonProcess) -> None:
     assert json.loads(reply)["result"]["pong"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(FULL_TIMEOUT_S if FULL or "CAPSULED_FUZZ_EXAMPLES" in os.environ else 60)
 def test_every_message_gets_a_conformant_reply_or_a_documented_close(
     fuzzed: tuple[DaemonProcess, dict[str, rpc_model.MethodModel]],

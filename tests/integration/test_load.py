@@ -422,6 +422,7 @@ def _ask_fresh(socket_path: Path) -> Any:
         return _ask(s)
 
 
+@pytest.mark.slow
 def test_out_of_descriptors_still_answers_overloaded(
     start: Callable[..., DaemonProcess],
 ) -> None:

@@ -87,6 +87,7 @@ def test_a_daemon_whose_lock_and_socket_another_took_stops_with_status_1(
         rival.release()
 
 
+@pytest.mark.slow
 def test_a_lock_held_by_another_beside_a_live_socket_is_waited_out(
     running: DaemonProcess,
 ) -> None:
@@ -132,6 +133,7 @@ def test_something_else_at_the_socket_path_is_left_alone(running: DaemonProcess)
     assert running.logs().count("something else is at the socket's path") == 1
 
 
+@pytest.mark.slow
 def test_a_socket_that_cannot_be_made_again_is_warned_about_then_mended(
     running: DaemonProcess,
 ) -> None:

@@ -49,7 +49,8 @@ from capsule_client.receipts import (
     write_provider_client_receipt,
 )
 
-pytestmark = pytest.mark.timeout(60)
+#: Slow, and each test writes a machine-wide sysctl (restored in ``finally``).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 VERIFY_INTERVAL_S = 0.5
 MISSED = "verification found changes the watch did not report"
