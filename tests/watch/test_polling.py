@@ -37,3 +37,39 @@ def test_an_old_file_rewritten_is_reported_once(tmp_path: Path) -> None:
     assert not poller.walk()
     path.write_bytes(b"[]")
     assert poller.walk().paths == {RECEIPT}
+
+
+CLIENTS = ("runs", "r1", "inp_a", "provider-clients")
+
+
+def test_a_directory_whose_entries_came_and_went_between_two_looks_is_moved(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path.joinpath(*CLIENTS)
+    directory.mkdir(parents=True)
+    past_ns = time.time_ns() - 5_000_000_000
+    for depth in range(1, len(CLIENTS) + 1):  # old: no tick's doubt about them
+        os.utime(tmp_path.joinpath(*CLIENTS[:depth]), ns=(past_ns, past_ns))
+    poller = Poller(str(tmp_path))
+    poller.walk()
+    assert not poller.walk()  # nothing moved
+    transient = directory / "c1.json"
+    transient.write_bytes(b"{}")
+    transient.unlink()  # the two looks list the same nothing
+    look = poller.walk()
+    assert look.paths == set()
+    assert look.moved == {CLIENTS}
+    # Changed less than a tick's doubt before that look: once more, then confirmed.
+    assert poller.walk().moved == {CLIENTS}
+    assert not poller.walk()
+
+
+def test_only_walked_directories_are_moved(tmp_path: Path) -> None:
+    tmp_path.joinpath("sessions").mkdir()  # entered by nothing
+    tmp_path.joinpath("runtime").mkdir()  # entered, but holds no receipt nor directory of them
+    poller = Poller(str(tmp_path))
+    poller.walk()
+    for place in ("sessions", "runtime", ""):
+        tmp_path.joinpath(place, "x").write_bytes(b"")
+        tmp_path.joinpath(place, "x").unlink()
+    assert not poller.walk().moved

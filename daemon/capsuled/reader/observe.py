@@ -205,6 +205,7 @@ class ActiveSessionReader:
         self._owners = Owners()
         self._projection = Projection()
         self._pending: set[str] = set()
+        self._moved_dirs: set[str] = set()  # polled directories whose entries moved
         self._store_writing = False  # this observation's, see Observation.store_writing
         self._table: ProcessTable | None = None  # the latest sample's, for the descendants
         #: The sessions' descendants, also looked for between observations.
@@ -364,11 +365,14 @@ class ActiveSessionReader:
         verified = None
         if self._walk.rescan:
             self._pending.clear()
+            self._moved_dirs.clear()
             self._walk.from_scratch()
             self._resample(True)
         else:
             pending, self._pending = self._pending, set()
             self._walk.apply_all(pending)
+            moved_dirs, self._moved_dirs = self._moved_dirs, set()
+            self._walk.recheck_below(moved_dirs)
             if verify_barrier_ns is not None:
                 verified = self._walk.verify(verify_barrier_ns)
             elif not self.trust_watcher:
@@ -402,8 +406,9 @@ class ActiveSessionReader:
                     candidates.drop(key)
 
     def _take_changes(self) -> bool:
-        """Move the feed's relevant paths into ``pending`` and its rescan request into
-        the walk's ``rescan``; True if a path that a re-read can cover arrived."""
+        """Move the feed's relevant paths into ``pending``, its moved directories aside
+        and its rescan request into the walk's ``rescan``; True if a path or a moved
+        directory that a re-read can cover arrived."""
         changes = self.changes.drain()
         if changes.rescan:
             self._walk.rescan = True
@@ -416,6 +421,9 @@ class ActiveSessionReader:
             elif what is not Action.IGNORE:
                 self._pending.add(path)
                 moved = True
+        for raw in changes.moved:
+            self._moved_dirs.add(self._home.unalias(os.path.normpath(os.fspath(raw))))
+            moved = True
         return moved
 
     def _moved(self, version: StoreVersion) -> bool:

@@ -104,6 +104,24 @@ class Walk:
             self.receipts.recheck(path)
         self.receipts.recheck_servers()
 
+    def recheck_below(self, directories: set[str]) -> None:
+        """``stat``-check the candidates and errors below ``directories`` (absolute).
+
+        A polled directory's entries moved since its last look: the reader may
+        hold an entry there that came and went between two looks, which no
+        change reported (``capsuled.watch.polling``, "Moved directories").
+        """
+        if not directories:
+            return
+        below = tuple(directory + os.sep for directory in directories)
+        candidates = [self.home.join(key) for key in self.candidates]
+        for path in [*candidates, *self.errors.receipts()]:
+            if path.startswith(below):
+                self.receipts.recheck(path)
+        for path in self.errors.directories():
+            if path.startswith(below) and not os.path.lexists(path):
+                self.errors.clear(path)
+
     def verify(self, barrier_ns: int) -> Verified:
         """Compare listed directories and candidates with what was last seen; re-read what differs.
 

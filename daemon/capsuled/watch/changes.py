@@ -18,15 +18,17 @@ __all__ = ["ChangeFeed", "Changes"]
 @dataclass(frozen=True, slots=True)
 class Changes:
     """Changed paths (absolute), whether a full rescan is owed, whether the store was
-    written, whether the home's own mode or owner changed."""
+    written, whether the home's own mode or owner changed, and the polled directories
+    whose entries moved (absolute)."""
 
     paths: frozenset[Path] = field(default_factory=frozenset)
     rescan: bool = False
     store: bool = False
     home: bool = False
+    moved: frozenset[Path] = field(default_factory=frozenset)
 
     def __bool__(self) -> bool:
-        return self.rescan or self.store or self.home or bool(self.paths)
+        return self.rescan or self.store or self.home or bool(self.paths) or bool(self.moved)
 
 
 class ChangeFeed:
@@ -46,15 +48,24 @@ class ChangeFeed:
         self._rescan = False
         self._store = False
         self._home = False
+        self._moved: set[Path] = set()
         self._generation = 0
         self.listener: Callable[[], None] | None = None
 
     def add(self, paths: Iterable[Path]) -> None:
         """Record changed paths (absolute)."""
+        self._record(self._paths, paths)
+
+    def add_moved(self, directories: Iterable[Path]) -> None:
+        """Record polled directories (absolute) whose entries moved since their last look:
+        what the reader holds below them is checked again (``capsuled.watch.polling``)."""
+        self._record(self._moved, directories)
+
+    def _record(self, into: set[Path], items: Iterable[Path]) -> None:
         with self._lock:
-            before = len(self._paths)
-            self._paths.update(paths)
-            added = len(self._paths) != before
+            before = len(into)
+            into.update(items)
+            added = len(into) != before
             if added:
                 self._generation += 1
         if added:
@@ -90,8 +101,15 @@ class ChangeFeed:
     def drain(self) -> Changes:
         """Take everything recorded so far and leave the feed empty."""
         with self._lock:
-            changes = Changes(frozenset(self._paths), self._rescan, self._store, self._home)
-            self._paths = set()
+            changes = Changes(
+                frozenset(self._paths),
+                self._rescan,
+                self._store,
+                self._home,
+                frozenset(self._moved),
+            )
+            self._paths.clear()  # in place: a recording may hold the set already
+            self._moved.clear()
             self._rescan = False
             self._store = False
             self._home = False
@@ -110,4 +128,6 @@ class ChangeFeed:
 
     def __bool__(self) -> bool:
         with self._lock:
-            return self._rescan or self._store or self._home or bool(self._paths)
+            return (
+                self._rescan or self._store or self._home or bool(self._paths) or bool(self._moved)
+            )

@@ -412,12 +412,7 @@ class InotifyWatch:
             look.paths.add(child)
 
     def _flush(self, look: Look) -> None:
-        if look.paths:
-            self._feed.add([self._absolute(parts) for parts in look.paths])
-        if look.store:
-            self._feed.store_changed()
-        if look.home:
-            self._feed.home_changed()
+        look.feed(self._feed, self._home)
 
     def _overflowed(self) -> None:
         self.overflows += 1

@@ -13,10 +13,13 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final, TypeAlias
 
 from capsuled.common.shortage import is_shortage
-from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
+from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares, walked
+
+from .changes import ChangeFeed
 
 __all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
 
@@ -50,19 +53,40 @@ class HomeMissing(Exception):
 
 @dataclass(slots=True)
 class Look:
-    """What a look found: changed paths the reader cares about, whether the store was
-    written, whether the home's own mode or owner changed."""
+    """What a look found: changed paths the reader cares about, the walked directories
+    whose entries moved since their last look, whether the store was written, whether
+    the home's own mode or owner changed."""
 
     paths: set[Parts] = field(default_factory=set)
+    moved: set[Parts] = field(default_factory=set)
     store: bool = False
     home: bool = False
 
     def __bool__(self) -> bool:
-        return self.store or self.home or bool(self.paths)
+        return self.store or self.home or bool(self.paths) or bool(self.moved)
+
+    def feed(self, feed: ChangeFeed, home: str) -> None:
+        """Hand what was found to ``feed``, as absolute paths below ``home``."""
+        if self.paths:
+            feed.add(Path(home, *parts) for parts in self.paths)
+        if self.moved:
+            feed.add_moved(Path(home, *parts) for parts in self.moved)
+        if self.store:
+            feed.store_changed()
+        if self.home:
+            feed.home_changed()
 
 
 class Poller:
     """Remembers each looked-at directory's entries and reports what differs next time.
+
+    **Moved directories.** The reader reads what a look reported later than
+    the look, and lists a reported directory itself: it may see an entry
+    that came after the look and went before the next one, which no two
+    looks tell apart. Such an entry moves its directory's ``mtime``, so a
+    walked directory whose ``mtime`` moved since its last look (or had changed
+    within the racy window before that look) is reported in ``Look.moved``: the
+    reader checks again what it holds below it (docs/watcher.md).
 
     Args:
         home: the home, absolute.
@@ -75,6 +99,10 @@ class Poller:
         # Per directory, the files that changed less than the racy window before its last look.
         self._racy: dict[Parts, set[str]] = {}
         self._home_owner: tuple[int, int] | None = None  # (mode, uid): its strictness
+        # Per walked directory, its ``mtime_ns`` at its last look; the ones changed
+        # less than the racy window before it.
+        self._stamps: dict[Parts, int] = {}
+        self._racy_stamps: set[Parts] = set()
 
     @property
     def directories(self) -> int:
@@ -134,14 +162,32 @@ class Poller:
         before = self._seen.get(parts)
         racy_after = time.time_ns() - _RACY_WINDOW_NS
         try:
-            now, children = _list(os.path.join(self._home, *parts), parts)
+            now, children, stamp = _list(os.path.join(self._home, *parts), parts)
         except OSError:  # the daemon is short of descriptors: nothing is known to have changed
             return _children(parts, before)
         # Files (a directory's signature has no stamps) changed within the racy window.
         young = {name for name, sig in now.items() if max(sig[3], sig[4]) >= racy_after}
         self._seen[parts] = now
         self._compare(parts, before or {}, now, young, look if report else None)
+        if self._stamp(parts, stamp, racy_after) and report and before is not None:
+            look.moved.add(parts)
         return children
+
+    def _stamp(self, parts: Parts, stamp: int | None, racy_after: int) -> bool:
+        """Remember a walked directory's ``mtime_ns`` (None: gone); whether it moved
+        since its last look, or changed within the racy window before that look."""
+        if not walked(parts):
+            return False
+        racy_before = parts in self._racy_stamps
+        self._racy_stamps.discard(parts)
+        old = self._stamps.pop(parts, None)
+        if stamp is None:
+            return False
+        self._stamps[parts] = stamp
+        changed = stamp != old
+        if changed and stamp >= racy_after:  # racy until a later look confirms it, as a file
+            self._racy_stamps.add(parts)
+        return old is not None and (changed or racy_before)
 
     def _compare(
         self,
@@ -167,11 +213,14 @@ class Poller:
         """Stop remembering the directory at ``parts`` (it is watched now, or gone)."""
         self._seen.pop(parts, None)
         self._racy.pop(parts, None)
+        self._stamps.pop(parts, None)
+        self._racy_stamps.discard(parts)
 
 
-def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Parts]]:
-    """The entries of the directory at ``path`` and its entered subdirectories; none
-    when it is gone, a link or unreadable (the reader says why).
+def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Parts], int | None]:
+    """The entries of the directory at ``path``, its entered subdirectories and its
+    ``mtime_ns``; none (and None) when it is gone, a link or unreadable (the reader
+    says why).
 
     Raises:
         OSError: the daemon is short of descriptors or memory
@@ -184,8 +233,10 @@ def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Par
     except OSError as exc:
         if is_shortage(exc):
             raise
-        return now, children
+        return now, children, None
     try:
+        # Taken before the listing: a change made during it moves it.
+        stamp: int | None = os.fstat(fd).st_mtime_ns
         with os.scandir(fd) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
@@ -213,7 +264,7 @@ def _list(path: str, parts: Parts) -> tuple[dict[str, _EntrySignature], list[Par
         # else gone while listed
     finally:
         os.close(fd)
-    return now, children
+    return now, children, stamp
 
 
 def _children(parts: Parts, before: dict[str, _EntrySignature] | None) -> list[Parts]:

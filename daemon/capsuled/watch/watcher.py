@@ -122,12 +122,7 @@ class _PollingWatch:
                 look: Look = await anyio.to_thread.run_sync(self._poller.walk)
             except HomeMissing as exc:
                 raise WatchLost(str(exc)) from exc
-        if look.paths:
-            self._feed.add(Path(self._home, *parts) for parts in look.paths)
-        if look.store:
-            self._feed.store_changed()
-        if look.home:
-            self._feed.home_changed()
+        look.feed(self._feed, self._home)
 
 
 class HomeWatcher:
