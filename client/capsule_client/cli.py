@@ -384,6 +384,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         )
         return EXIT_USAGE
     if isinstance(entry, Standalone):
+        if args.json:  # run and mcp print no result of a method: nothing to print as JSON
+            print(f"capsulectl: --json does not apply to {args.command}", file=sys.stderr)
+            return EXIT_USAGE
         return entry.run(args, socket_path)
     try:
         with Client(socket_path, timeout_s=options["timeout"]) as client:

@@ -25,6 +25,14 @@ def test_a_positive_timeout_is_accepted(capsys: pytest.CaptureFixture[str]) -> N
     assert "not running" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["run", "--json", "--", "true"], ["--json", "mcp"]])
+def test_json_for_a_command_that_prints_no_result_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--socket", "/nonexistent/capsuled.sock", *argv]) == 2
+    assert "--json does not apply to" in capsys.readouterr().err
+
+
 def test_an_empty_socket_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ping", "--socket", ""]) == 2
     assert "must not be empty" in capsys.readouterr().err
