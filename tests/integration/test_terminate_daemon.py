@@ -60,15 +60,6 @@ time.sleep(300)
 
 
 @pytest.fixture
-def procs() -> Iterator[Processes]:
-    started = Processes()
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
 def client(daemon: DaemonProcess) -> Iterator[Client]:
     """A client of the test's own daemon (``daemon``: a fresh home, a child of this process)."""
     with Client(daemon.socket_path, timeout_s=30.0) as connected:
