@@ -133,12 +133,12 @@ PICK = st.integers(min_value=0, max_value=11)
 #: tests/reader/test_reader_verify.py), and an in-place rewrite read by
 #: verification while ``open(O_TRUNC)`` ran (a ``stat`` then sees the new size
 #: with the old stamps, which dated the change before the barrier), with the
-#: poller's same-tick rewrites (tests/watch/test_polling.py). Off still: about
-#: one run of ``CAPSULED_HARDENING_FULL=1`` in one (100 examples) counts one
-#: change at a provider-client receipt as missed (seen under ``runs/r1/x_bad``,
-#: an input directory whose name is not an input id). Turn it on once that
-#: one is found; ``missed_lines`` shows what the daemon logged.
-CHECK_MISSED = False
+#: poller's same-tick rewrites (tests/watch/test_polling.py). So is one true
+#: miss of the poller: a receipt the reader read after a look and that went
+#: before the next look, which only verification dropped
+#: (tests/watch/test_polling_reader.py). ``missed_lines`` shows what the
+#: daemon logged.
+CHECK_MISSED = True
 
 ProcessKey = tuple[str, int, int, str, str]  # kind, pid, started_at, receipt, input or exec id
 
