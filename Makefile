@@ -21,10 +21,12 @@ run: $(VENV)/.installed-run
 	$(BIN)/capsuled
 
 # The suite a change is checked with (a few minutes); test-slow is the rest,
-# the tests marked `slow` (several seconds each, or machine-wide sysctls).
-# CI runs both.
+# the tests marked `slow` (several seconds each, or machine-wide sysctls), one
+# at a time. CI runs both. The suite's tests mostly wait on processes and
+# deadlines, so two workers (pytest-xdist) halve its time even on two cores.
+TEST_WORKERS ?= 2
 test: lint test-tools
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(VENV)/.installed-test test-tools
 	$(BIN)/python -m pytest -m slow
