@@ -125,9 +125,21 @@ def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str
     for line in fresh_head:
         if (number := _target_number(line)) is not None:
             rows.setdefault(number, []).append(line)
+    # Scenarios the page has no target rows for yet: their rows go in by number.
+    on_page = {n for line in head if (n := _target_number(line)) is not None}
+    unplaced = sorted(n for n in rows if n not in on_page)
     out: list[str] = []
+    in_targets = False
     for line in head:
         number = _target_number(line)
+        if number is not None:
+            in_targets = True
+            while unplaced and unplaced[0] < number:
+                out.extend(rows.pop(unplaced.pop(0)))
+        elif in_targets:  # the line after the targets table
+            for later in unplaced:
+                out.extend(rows.pop(later))
+            unplaced, in_targets = [], False
         if number is None or number not in rows:
             out.append(line)
         elif rows[number]:
@@ -141,6 +153,8 @@ def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str
                 "`--only` and spliced into this page (`--update`): their sections say "
                 "the load they ran under.",
             ]
+    for later in unplaced:  # the targets table ended the head
+        out.extend(rows.pop(later))
     for number in sorted({*sections, *fresh}):
         section = fresh.get(number, sections.get(number, []))
         while section and not section[-1]:

@@ -78,3 +78,21 @@ def test_an_update_replaces_the_sections_and_target_rows_of_the_scenarios_run_on
     assert spliced.index("## 1.") < spliced.index("## 2.")
     assert "| 2 | t | new two | met |" in spliced
     assert "Scenario(s) 2 run again on today (commit abc)" in spliced
+
+
+def test_an_update_with_a_scenario_new_to_the_page_adds_its_section_and_rows_in_order() -> None:
+    from benchmarks.harness import Outcome, Result, Scenario, Table, judge
+    from benchmarks.report import render_markdown, splice_markdown
+
+    def result(number: int, measured: str) -> Result:
+        scenario = Scenario(number, f"scenario {number}", "—", ("t",), lambda ctx: None)  # type: ignore[arg-type, return-value]
+        table = Table(columns=["a"], rows=[[measured]])
+        return Result(scenario, Outcome([table], [judge("t", measured, True)]), 1.0)
+
+    page = render_markdown([result(1, "one"), result(3, "three")], (), quick=False)
+    spliced = splice_markdown(page, [result(2, "two"), result(4, "four")], "today", "abc")
+
+    rows = [line for line in spliced.splitlines() if line.startswith("| ") and "| t |" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["1", "2", "3", "4"]
+    assert spliced.index("## 1.") < spliced.index("## 2.") < spliced.index("## 3.")
+    assert spliced.index("## 3.") < spliced.index("## 4.")
