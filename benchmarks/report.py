@@ -116,16 +116,9 @@ def _target_number(line: str) -> int | None:
     return int(cells[1]) if len(cells) > 2 and cells[1].strip().isdigit() else None
 
 
-def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str) -> str:
-    """``page`` (a full run's report) with the sections and target rows of ``results``
-    replaced by theirs, and a line saying which scenarios were run again, when, on what."""
-    fresh_head, fresh = _sections(render_markdown(results, (), quick=False))
-    head, sections = _sections(page)
-    rows: dict[int, list[str]] = {}
-    for line in fresh_head:
-        if (number := _target_number(line)) is not None:
-            rows.setdefault(number, []).append(line)
-    # Scenarios the page has no target rows for yet: their rows go in by number.
+def _with_rows(head: list[str], rows: dict[int, list[str]]) -> list[str]:
+    """``head`` with the target rows of the scenarios in ``rows`` replaced by theirs;
+    the rows of a scenario the page has none of yet go in by number."""
     on_page = {n for line in head if (n := _target_number(line)) is not None}
     unplaced = sorted(n for n in rows if n not in on_page)
     out: list[str] = []
@@ -145,6 +138,23 @@ def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str
         elif rows[number]:
             out.extend(rows.pop(number))
             rows[number] = []
+    for later in unplaced:  # the targets table ended the head
+        out.extend(rows.pop(later))
+    return out
+
+
+def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str) -> str:
+    """``page`` (a full run's report) with the sections and target rows of ``results``
+    replaced by theirs, and a line saying which scenarios were run again, when, on what."""
+    fresh_head, fresh = _sections(render_markdown(results, (), quick=False))
+    head, sections = _sections(page)
+    rows: dict[int, list[str]] = {}
+    for line in fresh_head:
+        if (number := _target_number(line)) is not None:
+            rows.setdefault(number, []).append(line)
+    out: list[str] = []
+    for line in _with_rows(head, rows):
+        out.append(line)
         if line.startswith("Written by "):
             numbers = ", ".join(str(r.scenario.number) for r in results)
             out += [
@@ -153,8 +163,6 @@ def splice_markdown(page: str, results: Sequence[Result], when: str, commit: str
                 "`--only` and spliced into this page (`--update`): their sections say "
                 "the load they ran under.",
             ]
-    for later in unplaced:  # the targets table ended the head
-        out.extend(rows.pop(later))
     for number in sorted({*sections, *fresh}):
         section = fresh.get(number, sections.get(number, []))
         while section and not section[-1]:
