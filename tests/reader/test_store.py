@@ -112,6 +112,30 @@ def test_missing_store_means_nobody_owns_anything(db: Path) -> None:
     assert not db.exists()  # read-only: asking did not create it
 
 
+@pytest.mark.parametrize("made", ["an empty file", "an empty WAL database"])
+def test_a_store_whose_schema_is_not_committed_yet_means_nobody_owns_anything(
+    db: Path, made: str
+) -> None:
+    db.parent.mkdir()
+    db.write_bytes(b"")
+    if made == "an empty WAL database":
+        raw = sqlite3.connect(db)
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.close()
+    ownership = OwnershipReader(db).session_process_ownership(["inp_a"], [], None)
+    assert ownership.inputs == ownership.execs == ownership.processes == {}
+    assert ownership.gaps == (f"ownership store {db} has no schema yet; nobody owns anything",)
+
+
+def test_a_store_with_tables_but_no_user_version_is_unavailable(db: Path) -> None:
+    db.parent.mkdir()
+    raw = sqlite3.connect(db)
+    raw.execute("CREATE TABLE other (x)")
+    raw.close()
+    with pytest.raises(StoreUnavailable, match="user_version 0, expected 1"):
+        OwnershipReader(db).session_process_ownership([], [], [])
+
+
 def test_corrupt_store_is_unavailable(db: Path) -> None:
     db.parent.mkdir()
     db.write_bytes(b"this is not a database" * 100)

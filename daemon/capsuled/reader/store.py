@@ -261,6 +261,11 @@ class OwnershipReader:
     ) -> Ownership:
         """Inside a read transaction: the owners of the keys asked, and their contexts."""
         (version,) = db.execute("PRAGMA user_version").fetchone()  # starts the read
+        if version == 0 and db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is None:
+            # Empty: its writer made the file and has not committed the schema yet.
+            return Ownership(
+                gaps=(f"ownership store {self.path} has no schema yet; nobody owns anything",)
+            )
         if version != USER_VERSION:
             raise StoreUnavailable(
                 f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
