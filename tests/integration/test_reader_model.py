@@ -1023,3 +1023,190 @@ ManyPolledReaderModel.TestCase.settings = settings(
 _SLOW_TIMEOUT = pytest.mark.timeout(1200)
 TestManyReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyReaderModel.TestCase))
 TestManyPolledReaderModel = pytest.mark.slow(_SLOW_TIMEOUT(ManyPolledReaderModel.TestCase))
+
+
+# ---------------------------------------------------------------------------
+# Counterexamples the machine found, shrunk to plain tests
+
+
+@pytest.fixture
+def place() -> Iterator[Path]:
+    """A short directory holding ``home`` (0700) and the socket, removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="cap", dir="/tmp")).resolve()
+    (tmp / "home").mkdir(mode=0o700)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def contexts(snapshot: ActiveSessionsSnapshot) -> dict[str, str | None]:
+    return {session.session_id: session.context_id for session in snapshot.sessions}
+
+
+def test_a_session_active_only_through_owned_processes_shows_its_new_context(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Its process list does not change; its row in ``sessions`` does."""
+    home = place / "home"
+    with DaemonProcess(home, place / "d.sock") as daemon, Client(daemon.socket_path) as client:
+        with OwnershipStore(home / "capsule.db") as store:
+            store.register_process(sleeper.pid, "ses_rows")  # no sessions row yet
+        assert contexts(client.snapshot(max_age_ms=0)) == {"ses_rows": None}
+        with OwnershipStore(home / "capsule.db") as store:
+            store.register_session("ses_rows", context_id="ctx_rows")
+        assert contexts(client.snapshot(max_age_ms=0)) == {"ses_rows": "ctx_rows"}
+        with OwnershipStore(home / "capsule.db") as store:
+            store.register_session("ses_rows", context_id="ctx_other")
+        assert contexts(client.snapshot(max_age_ms=0)) == {"ses_rows": "ctx_other"}
+
+
+def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A directory listed before receipts came into it is listed again by verification,
+    and each new entry read again; one written meanwhile was reported by the watch."""
+    inotify_simple = pytest.importorskip("inotify_simple")
+    home = place / "home"
+    exec_dir = home / "runtime" / "exec-processes"
+    exec_dir.mkdir(parents=True, mode=0o700)
+    args = ["--verify-interval", "1.5"]
+    with (
+        DaemonProcess(home, place / "d.sock", args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        client.snapshot(max_age_ms=0)  # the first walk lists the empty directory
+        # Receipts nobody runs, each reported by the watch and read; the
+        # directory's listing is older than all of them.
+        for n in range(3000):
+            (exec_dir / f"e{n:04}.json").write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
+        last = exec_dir / "zzz.json"
+        last.write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
+        assert client.snapshot(max_age_ms=0).unowned == []
+        watch = inotify_simple.INotify()
+        watch.add_watch(home, inotify_simple.flags.CREATE)
+        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
+        try:
+            # The next cookie is the first verification's barrier; the first
+            # receipt opened after it is its listing pass at work.
+            cookie = opened = False
+            deadline = time.monotonic() + 10
+            while not opened:
+                assert time.monotonic() < deadline, "no verification run began"
+                for event in watch.read(timeout=100):
+                    cookie |= event.name.startswith(".capsuled-cookie-")
+                    opened |= cookie and event.name.endswith(".json")
+            # A runtime's in-place write, which the watch reports: the pass
+            # reaches this receipt only after 3000 others.
+            write_in_place(last, exec_body("exe_x", sleeper.pid, start_of(sleeper.pid)))
+        finally:
+            watch.close()
+        wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+        assert changes_found(client) == 0
+
+
+def test_a_new_input_directory_is_not_counted_as_missed_by_verification(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    home = place / "home"
+    (home / "runs" / "r1").mkdir(parents=True)  # listed by the first walk
+    args = ["--verify-interval", "1"]
+    with (
+        DaemonProcess(home, place / "d.sock", args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        wait_until(lambda: runs_of(client) >= 1, message="a verification run")
+        runs = runs_of(client)  # the next one is about a second away
+        write_provider_client_receipt(home, "r1", "inp_new", "c1", sleeper.pid)
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+        wait_until(lambda: runs_of(client) >= runs + 2, message="two verification runs")
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+        assert changes_found(client) == 0
+
+
+def test_an_input_dir_renamed_into_a_run_dir_just_made_is_heard_there(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """The run directory's watch is added after the rename: no event names the input there."""
+    home = place / "home"
+    with DaemonProcess(home, place / "d.sock") as daemon, Client(daemon.socket_path) as client:
+        for n in range(5):
+            source = home / "runs" / f"from{n}" / "inp_x"
+            (source / "provider-clients").mkdir(parents=True)
+            client.snapshot(max_age_ms=0)  # watched where it is
+            (home / "runs" / f"to{n}").mkdir()
+            os.rename(source, home / "runs" / f"to{n}" / "inp_x")
+            client.snapshot(max_age_ms=0)
+            write_provider_client_receipt(home, f"to{n}", "inp_x", "c1", sleeper.pid)
+            listed_receipts = {p.receipt for p in client.snapshot(max_age_ms=0).unowned}
+            assert f"runs/to{n}/inp_x/provider-clients/c1.json" in listed_receipts
+
+
+def test_a_stale_receipt_made_live_through_a_hard_link_waits_for_a_walk(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Verification re-checks the receipts it keeps, not stale ones; a walk reads everything."""
+    home = place / "home"
+    args = ["--verify-interval", str(VERIFY_INTERVAL_S)]
+    with (
+        DaemonProcess(home, place / "d.sock", args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        path = write_exec_receipt(home, "exe_1", NEVER_PID, started_at_s=time.time())
+        assert client.snapshot(max_age_ms=0).unowned == []
+        link = place / "link.json"
+        os.link(path, link)
+        write_in_place(link, exec_body("exe_1", sleeper.pid, start_of(sleeper.pid)))
+        client.rescan()
+        assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
+
+
+def test_a_directory_removed_while_verification_runs_is_not_counted_as_missed(
+    place: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """Verification re-checks candidates, then errored receipts; the run directory of one
+    errored receipt is removed (and reported by the watch) while the candidates are read."""
+    inotify_simple = pytest.importorskip("inotify_simple")
+    home = place / "home"
+    exec_dir = home / "runtime" / "exec-processes"
+    exec_dir.mkdir(parents=True, mode=0o700)
+    start = start_of(sleeper.pid)
+    for n in range(3000):  # live: candidates, read again by the first verification run
+        (exec_dir / f"e{n:04}.json").write_bytes(exec_body(f"exe_{n}", sleeper.pid, start))
+    broken = home / "runs" / "r1" / "inp_z" / "provider-clients" / "c1.json"
+    broken.parent.mkdir(parents=True, mode=0o700)
+    broken.write_bytes(provider_body(sleeper.pid, start, "schema_2"))
+    args = ["--verify-interval", "1.5"]
+    with (
+        DaemonProcess(home, place / "d.sock", args) as daemon,
+        Client(daemon.socket_path) as client,
+    ):
+        assert str(broken) in gap_paths(client.snapshot(max_age_ms=0))
+        watch = inotify_simple.INotify()
+        watch.add_watch(home, inotify_simple.flags.CREATE)
+        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
+        try:
+            cookie = opened = False
+            deadline = time.monotonic() + 10
+            while not opened:
+                assert time.monotonic() < deadline, "no verification run began"
+                for event in watch.read(timeout=100):
+                    cookie |= event.name.startswith(".capsuled-cookie-")
+                    opened |= cookie and event.name.endswith(".json")
+            shutil.rmtree(home / "runs" / "r1")  # 3000 candidates before its receipt
+        finally:
+            watch.close()
+        wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
+        assert str(broken) not in gap_paths(client.snapshot(max_age_ms=0))
+        assert changes_found(client) == 0
