@@ -175,6 +175,7 @@ class Discovery:
             self._pub,
             default_max_age_s=self._default_max_age_s,
             pending=lambda: self.watcher_mode != "off" and bool(self.changes),
+            stale_since=lambda: self._sampler.stale_since,
             sync=sync,
         )
         self.exits = ExitWatch(self.wake, max_pidfds=max_pidfds, enabled=exit_events)
@@ -333,7 +334,7 @@ class Discovery:
         reader.held = self.exits.holding()
         if not reader.trust_watcher:
             self.changes.request_rescan()
-        self._sampler.begin()
+        served = self._sampler.begin()
         barrier_ns, self._verify_barrier_ns = self._verify_barrier_ns, None
         if not reader.trust_watcher:
             barrier_ns = None  # it walks from scratch
@@ -348,6 +349,7 @@ class Discovery:
         if observation.store_writing:
             self.commits.owe()  # a commit heard may land after the version was read
         self._pub.publish(observation.snapshot)
+        self._sampler.answered(served)
         self.looks.observed()
         return observation.snapshot
 

@@ -65,9 +65,13 @@ class Wanted:
     begun: int  # observations begun before the request arrived (a flight not begun serves)
     arrived_at: float  # monotonic
     max_age_s: float
+    #: Monotonic: a flight begun before it never serves (a change heard then, see
+    #: :attr:`capsuled.discovery.wakeups.Sampler.stale_since`).
+    begun_after: float = -math.inf
 
     def accepts(self, flight: Flight) -> bool:
-        return flight.number > self.begun or self.arrived_at - flight.started_at < self.max_age_s
+        young = flight.number > self.begun or self.arrived_at - flight.started_at < self.max_age_s
+        return young and flight.started_at >= self.begun_after
 
 
 class NotInTime(Exception):
@@ -98,9 +102,13 @@ class SingleFlight:
         self.task_group: TaskGroup | None = None
         self.begun = 0
 
-    def wanted(self, arrived_at: float, max_age_s: float) -> Wanted:
-        """What a request that arrived at ``arrived_at`` (monotonic) accepts."""
-        return Wanted(self.begun, arrived_at, max_age_s)
+    def wanted(
+        self, arrived_at: float, max_age_s: float, *, begun_after: float | None = None
+    ) -> Wanted:
+        """What a request that arrived at ``arrived_at`` (monotonic) accepts; with
+        ``begun_after``, only a flight begun at or after it (monotonic)."""
+        after = -math.inf if begun_after is None else begun_after
+        return Wanted(self.begun, arrived_at, max_age_s, after)
 
     async def observe(
         self, wanted: Wanted | None = None, *, deadline: float = math.inf

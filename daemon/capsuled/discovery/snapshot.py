@@ -38,6 +38,9 @@ class Answers:
         default_max_age_s: the age an answer may have when the request sets
             no ``max_age_ms``, seconds (asked each time).
         pending: whether changes wait to be read (the latest answer is then stale).
+        stale_since: when the latest wake came (monotonic seconds) if the latest
+            answer was begun before it, else None; an observation begun after
+            it serves (:attr:`capsuled.discovery.wakeups.Sampler.stale_since`).
         sync: the watch's read-your-writes barrier, or None.
     """
 
@@ -48,12 +51,14 @@ class Answers:
         *,
         default_max_age_s: Callable[[], float],
         pending: Callable[[], bool],
+        stale_since: Callable[[], float | None],
         sync: Callable[[], Awaitable[None]] | None,
     ) -> None:
         self._flight = flight
         self._pub = publication
         self._default_max_age_s = default_max_age_s
         self._pending = pending
+        self._stale_since = stale_since
         self._sync = sync
         self._encoded = EncodedAnswer()
         self._usage = UsageMeter()
@@ -133,9 +138,12 @@ class Answers:
             with anyio.move_on_after(max(deadline - time.monotonic(), 0.0)):
                 await self._sync()
             arrived_at = time.monotonic()
-        answer = self._fresh(max_age_s)
+        # Heard of a change the latest answer may miss (a watch event, an exit,
+        # a descendant, a commit landed): only an observation begun after it serves.
+        stale_since = self._stale_since()
+        answer = self._fresh(max_age_s) if stale_since is None else None
         if answer is None:
-            wanted = self._flight.wanted(arrived_at, max_age_s)
+            wanted = self._flight.wanted(arrived_at, max_age_s, begun_after=stale_since)
             settled = await self._flight.settle(deadline, wanted, wait=True)
             answer = settled or self._pub.late(params)
         if params.since is not None:

@@ -66,6 +66,8 @@ class Sampler:
         self._wake = anyio.Event()
         self._wakes = 0  # wake() calls so far
         self._served = 0  # wake() calls before the latest observation began
+        self._answered = 0  # wake() calls before the latest published observation began
+        self._woken_at = -math.inf  # the latest wake() call, monotonic seconds
         self._loop_thread: int | None = None
         #: Seconds until the next try after a shortage (None: no shortage).
         self.retry_s: float | None = None
@@ -96,15 +98,36 @@ class Sampler:
 
     def _woken(self) -> None:
         self._wakes += 1
+        self._woken_at = time.monotonic()
         self._wake.set()
+
+    @property
+    def on_loop(self) -> bool:
+        """Whether the calling thread is the event loop's (once :meth:`bind_loop` ran)."""
+        return self._loop_thread is not None and threading.get_ident() == self._loop_thread
 
     def bind_loop(self) -> None:
         """The calling thread is the event loop's: wakes from elsewhere are handed to it."""
         self._loop_thread = threading.get_ident()
 
-    def begin(self) -> None:
-        """An observation begins: it serves every wake so far (it drains the feed after)."""
+    def begin(self) -> int:
+        """An observation begins: it serves every wake so far (it drains the feed after).
+
+        Returns the wakes it serves, for :meth:`answered` once its answer is published.
+        """
         self._served = self._wakes
+        return self._served
+
+    def answered(self, served: int) -> None:
+        """The answer of the observation whose :meth:`begin` returned ``served`` is published."""
+        self._answered = max(self._answered, served)
+
+    @property
+    def stale_since(self) -> float | None:
+        """When the latest wake came (monotonic seconds) if the latest published answer
+        was begun before it, else None: that answer may miss what the wake announced,
+        and an observation begun after it is owed (it is running or about to)."""
+        return self._woken_at if self._wakes > self._answered else None
 
     async def run(self) -> None:
         """Observe, then wait for a wake, the next sample or the next verification; forever."""
