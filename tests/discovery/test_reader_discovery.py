@@ -5,6 +5,7 @@ The rules are docs/design.md §5 and §7.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ import anyio.lowlevel
 import msgspec
 import pytest
 from sessions_support import (
+    DEADLINE_S,
     OwnershipMovingAlways,
     OwnershipMovingOnce,
     Sleepers,
@@ -27,6 +29,7 @@ from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery.discovery import NO_WATCHER_NOTE, Discovery
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
+from capsuled.reader.store import OwnershipReader
 
 pytestmark = pytest.mark.anyio
 
@@ -265,3 +268,69 @@ async def test_a_new_answer_with_the_same_lists_shares_their_encoding(world: Wor
     assert again[1] is first[1] and again[3] is first[3]  # sessions, unowned
     decoded = msgspec.json.decode(b"".join(again), type=ActiveSessionsSnapshot)
     assert pids(decoded) == {"unowned": [("exec", process.pid)]}
+
+
+async def test_a_plain_request_right_after_a_wake_is_answered_by_an_observation_begun_after_it(
+    world: World,
+) -> None:
+    # Exits left to sampling: without the wake, the default max_age would
+    # accept the latest answer for a whole sample interval.
+    watched = Discovery(
+        world.home, sample_interval_s=30, watcher_mode=lambda: "native", exit_events=False
+    )
+    async with running(watched) as discovery:
+        process = world.pool.start()
+        discovery.changes.add([world.exec_receipt("exe_1", process.pid)])
+        assert pids(await snapshot(discovery)) == {"unowned": [("exec", process.pid)]}
+        world.pool.kill(process)
+        discovery.wake()  # as an exit event does; the request follows with no await between
+        assert pids(await snapshot(discovery)) == {}
+
+
+class LockAsked(OwnershipReader):
+    """The real store reader, counting the times it found a writer's lock held."""
+
+    held_seen = 0
+
+    def writing(self) -> bool:
+        held = super().writing()
+        self.held_seen += held
+        return held
+
+
+async def test_a_store_write_heard_inside_its_transaction_costs_one_observation_after_it(
+    world: World,
+) -> None:
+    """The watch hears a commit's WAL write before the commit can be read: discovery
+    observes once the writer's lock is free, not at once and again then."""
+    process = world.pool.start()
+    world.own("ses_a")
+    world.exec_receipt("exe_1", process.pid)
+    discovery = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    ownership = LockAsked(world.store_path)
+    discovery._reader = ActiveSessionReader(world.home, discovery.changes, ownership=ownership)
+    writer = sqlite3.connect(world.store_path, timeout=5, isolation_level=None)
+    try:
+        async with running(discovery):
+            assert pids(await snapshot(discovery)) == {"unowned": [("exec", process.pid)]}
+            before = discovery.totals.observations
+            writer.execute("BEGIN IMMEDIATE")  # the write lock, held until the commit
+            writer.execute(
+                "INSERT INTO session_execs (exec_id, session_id) VALUES (?, ?)",
+                ("exe_1", "ses_a"),
+            )
+            discovery.changes.store_changed()  # as the watch reports the WAL write
+            with anyio.fail_after(DEADLINE_S):
+                while ownership.held_seen < 3:  # the lock asked again and again
+                    await anyio.sleep(0.001)
+            assert discovery.totals.observations == before  # nothing readable changed yet
+            writer.execute("COMMIT")
+            with anyio.fail_after(DEADLINE_S):
+                while pids(answer := await snapshot(discovery)) != {
+                    "ses_a": [("exec", process.pid)]
+                }:
+                    await discovery.next_answer()
+            assert answer.discovery == "ready"
+            assert discovery.totals.observations == before + 1
+    finally:
+        writer.close()

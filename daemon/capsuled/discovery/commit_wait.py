@@ -2,12 +2,15 @@
 
 An observation that found a writer's transaction open when it read the
 store's version (:attr:`capsuled.reader.Observation.store_writing`) may
-have read the version before a commit the watch had already reported:
-nothing else wakes discovery once the commit is published (the index it is
-published in makes no file event). :class:`CommitWait` asks the write lock
-(:meth:`capsuled.reader.store.OwnershipReader.writing`, one ``fcntl``) at growing
-pauses until it is free (longer ones once it has been held for a second), then
-wakes discovery, whose next observation reads the commit.
+have read the version before a commit the watch had already reported, and
+a store change heard while the transaction is open is not observed at all
+until it ends (``Discovery``): nothing else wakes discovery once the commit
+is published (the index it is published in makes no file event).
+:class:`CommitWait` asks the write lock
+(:meth:`capsuled.reader.store.OwnershipReader.writing`, one ``fcntl``) every
+half millisecond while a commit's sync may still be running, then at growing
+pauses (longer ones once it has been held for a second), and wakes discovery
+once it is free: its next observation reads the commit.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import anyio
 
 __all__ = ["CommitWait"]
 
-#: The first pause before the lock is asked again, seconds; doubled up to the maximum.
+#: The pause before the lock is asked again, seconds, for the first ``QUICK_FOR_S``
+#: (a commit's sync); then doubled up to the maximum.
 FIRST_PAUSE_S: Final = 0.0005
+QUICK_FOR_S: Final = 0.01
 MAX_PAUSE_S: Final = 0.05
 #: A transaction open longer than this, seconds, is asked about at the longer pause:
 #: a runtime that keeps one open for minutes costs 4 lock questions a second, not 20.
@@ -53,10 +58,12 @@ class CommitWait:
             await self._owed.wait()
             self._owed = anyio.Event()
             pause_s = FIRST_PAUSE_S
-            long_at = anyio.current_time() + LONG_AFTER_S
+            began = anyio.current_time()
             while self._writing():
                 await anyio.sleep(pause_s)
-                most = MAX_PAUSE_S if anyio.current_time() < long_at else LONG_PAUSE_S
-                pause_s = min(pause_s * 2, most)
+                held_s = anyio.current_time() - began
+                if held_s >= QUICK_FOR_S:
+                    most = MAX_PAUSE_S if held_s < LONG_AFTER_S else LONG_PAUSE_S
+                    pause_s = min(pause_s * 2, most)
             self.waits += 1
             self._wake()

@@ -236,8 +236,19 @@ class Discovery:
     def _changed(self) -> None:
         # Without a watcher, each observation owes itself a rescan through the
         # feed: waking on that would observe in a loop.
-        if self.watcher_mode != "off":
-            self.wake()
+        if self.watcher_mode == "off":
+            return
+        # The store's file moved while a writer's transaction is open: nothing
+        # readable changed yet, and its commit makes no event when it lands.
+        # Observe once the lock is free, not now and again then.
+        if (
+            self._sampler.on_loop
+            and self._reader.ownership.writing()
+            and self.changes.take_store_alone()
+        ):
+            self.commits.owe()
+            return
+        self.wake()
 
     # ----------------------------------------------------------------------
     # The service

@@ -98,6 +98,16 @@ class ChangeFeed:
             self._home = True
         self._notify()
 
+    def take_store_alone(self) -> bool:
+        """Take the store's flag if it is all that is recorded; whether it was."""
+        with self._lock:
+            alone = self._store and not (
+                self._rescan or self._home or self._paths or self._moved
+            )
+            if alone:
+                self._store = False
+            return alone
+
     def drain(self) -> Changes:
         """Take everything recorded so far and leave the feed empty."""
         with self._lock:
