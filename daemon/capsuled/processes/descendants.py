@@ -365,7 +365,8 @@ class DescendantTracker:
             pid, started_at = key
             last = self._roots.get(key)
             if last is not None and held(pid, last):
-                members[pid] = dataclasses.replace(last, session_id=session_id)
+                same = last.session_id == session_id
+                members[pid] = last if same else dataclasses.replace(last, session_id=session_id)
                 continue
             stat = stat_of(pid)
             if stat is None or not stat.live:

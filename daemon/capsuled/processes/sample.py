@@ -219,7 +219,9 @@ class PartialSample(Mapping[int, float]):
 
     def answered(self) -> dict[int, float]:
         """What was answered so far, as a plain mapping (frozen: no later read)."""
-        return dict(self.items())
+        answered = dict(self._running)  # a running pid is never read
+        answered.update((pid, start) for pid, start in self._read.items() if start is not None)
+        return answered
 
 
 class UsageMeter:

@@ -338,7 +338,8 @@ class ActiveSessionReader:
         pids.update(p.pid for listed in answer.owned_processes.values() for p in listed)
         pids.update(server.pid for server in answer.servers)
         pids.update(p.pid for listed in answer.descendants.values() for p in listed)
-        return {pid: sample[pid] for pid in pids if pid in sample}
+        starts = ((pid, sample.get(pid)) for pid in pids)
+        return {pid: start for pid, start in starts if start is not None}
 
     def _owe_rescan(self) -> None:
         """The cache may be half updated: walk from scratch next time, and forget the answer."""
