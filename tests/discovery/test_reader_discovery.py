@@ -6,6 +6,7 @@ The rules are docs/design.md §5 and §7.
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -288,13 +289,19 @@ async def test_a_plain_request_right_after_a_wake_is_answered_by_an_observation_
 
 
 class LockAsked(OwnershipReader):
-    """The real store reader, counting the times it found a writer's lock held."""
+    """The real store reader; :attr:`asked_again` is set once it found a writer's
+    lock held three times."""
 
-    held_seen = 0
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.held_seen = 0
+        self.asked_again = threading.Event()
 
     def writing(self) -> bool:
         held = super().writing()
         self.held_seen += held
+        if self.held_seen >= 3:
+            self.asked_again.set()
         return held
 
 
@@ -320,9 +327,8 @@ async def test_a_store_write_heard_inside_its_transaction_costs_one_observation_
                 ("exe_1", "ses_a"),
             )
             discovery.changes.store_changed()  # as the watch reports the WAL write
-            with anyio.fail_after(DEADLINE_S):
-                while ownership.held_seen < 3:  # the lock asked again and again
-                    await anyio.sleep(0.001)
+            # The lock asked again and again while the transaction stays open.
+            assert await anyio.to_thread.run_sync(ownership.asked_again.wait, DEADLINE_S)
             assert discovery.totals.observations == before  # nothing readable changed yet
             writer.execute("COMMIT")
             with anyio.fail_after(DEADLINE_S):

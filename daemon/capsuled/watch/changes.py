@@ -101,9 +101,7 @@ class ChangeFeed:
     def take_store_alone(self) -> bool:
         """Take the store's flag if it is all that is recorded; whether it was."""
         with self._lock:
-            alone = self._store and not (
-                self._rescan or self._home or self._paths or self._moved
-            )
+            alone = self._store and not (self._rescan or self._home or self._paths or self._moved)
             if alone:
                 self._store = False
             return alone
