@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sessions_support import Sleepers, World, pids, proc_state
 from support import wait_until
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
+from capsuled.processes.descendants import MARK_MARGIN_S
 from capsuled.processes.looks import DescendantLooks
 from capsuled.processes.sample import sample_processes, sample_with_table
 
@@ -197,6 +199,36 @@ def test_a_root_older_than_the_last_look_owes_a_table_that_the_next_look_takes(
     assert not lineage.owes_table
     found = processes_of(world.ready(), "ses_a")
     assert found[sleep].kind == "descendant" and found[sleep].root_pid == shell.pid
+
+
+def test_a_new_root_started_after_a_kept_look_is_probed_from_it_not_owed_a_table(
+    world: World, pool: Sleepers, shells: Shells
+) -> None:
+    """A root that became one after it forked, but started over a second after a look
+    the tracker keeps: its children have later pids, and the same observation finds
+    them by probing from that look's counter (docs/design.md §5)."""
+    world.reader.trust_watcher = True  # observations that do not walk sample partially
+    other = pool.start()
+    world.own("ses_b", execs=["exe_other"])
+    world.exec_receipt("exe_other", other.pid)
+    world.ready()  # a look: its mark is kept
+    marked = time.clock_gettime(time.CLOCK_BOOTTIME)
+    wait_until(
+        lambda: time.clock_gettime(time.CLOCK_BOOTTIME) > marked + MARK_MARGIN_S + 0.05,
+        message="the margin after the kept look",
+    )
+    shell = shells.start("sleep 300 & wait")
+    sleep = child_of(shell.pid)
+    world.feed.add([world.exec_receipt("exe_sh", shell.pid)])  # unowned: no root yet
+    assert pids(world.ready())["unowned"] == [("exec", shell.pid)]  # a look after the fork
+    lineage = world.reader.lineage
+
+    world.own("ses_a", execs=["exe_sh"])  # the shell becomes a root, after it forked
+    world.feed.store_changed()
+    found = processes_of(world.ready(), "ses_a")
+    assert found[sleep].kind == "descendant" and found[sleep].root_pid == shell.pid
+    assert not lineage.owes_table
+    assert not lineage.look()  # nothing left for a look to find
 
 
 def test_an_owed_table_makes_the_look_timer_look_at_once() -> None:

@@ -15,9 +15,10 @@ moved, no process was started anywhere, so no descendant can have appeared;
 exits are pidfd events of their own (:mod:`capsuled.processes.exits`). Only a moved
 counter costs a look in a worker thread.
 
-An observation that brought a root started before the last look owes a
-look with a full table (``owed``, :attr:`capsuled.reader.lineage.Lineage.owes_table`):
-that look runs at once after the observation, not a second later.
+An observation that brought a root started before every look the tracker
+keeps a mark of owes a look with a full table (``owed``,
+:attr:`capsuled.reader.lineage.Lineage.owes_table`): that look runs at once
+after the observation, not a second later.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ process table (:func:`~capsuled.processes.sample.sample_with_table`: the same
 ``/proc`` pass, no second read of every stat); the projection lists what it
 returns. An observation that neither walks nor verifies has no table (its
 sample is partial): the tracker then looks by its cheap strategies, and a
-new root started before its last look leaves a table owed
+new root started before every look it keeps a mark of leaves a table owed
 (:attr:`Lineage.owes_table`). Between observations the daemon calls
 :meth:`Lineage.look` on a timer while :attr:`Lineage.active`, and at once
 while a table is owed: a look (with a full table only when owed) that says
@@ -78,7 +78,7 @@ class Lineage:
 
     @property
     def owes_table(self) -> bool:
-        """Whether the next look must take a full table (a new root older than the last look)."""
+        """Whether the next look must take a full table (a new root older than every kept look)."""
         return self._tracker.owes_table
 
     @property
