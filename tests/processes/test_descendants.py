@@ -15,6 +15,7 @@ from support import wait_until
 
 from capsuled.processes.descendants import (
     LOOK_INTERVAL_S,
+    MARK_MARGIN_S,
     Descendant,
     DescendantTracker,
     children_files_supported,
@@ -140,6 +141,61 @@ def test_a_child_started_between_two_looks_is_found_by_the_pid_counter(trees: Tr
     assert cost.stats == 1 + cost.probed
     key = next(iter(found))
     assert key[0] == child and abs(key[1] - time.time()) < 10
+
+
+def after_the_mark_margin() -> None:
+    """Wait until a process started now starts past the margin after the latest look."""
+    marked = time.clock_gettime(time.CLOCK_BOOTTIME)
+    wait_until(
+        lambda: time.clock_gettime(time.CLOCK_BOOTTIME) > marked + MARK_MARGIN_S + 0.05,
+        message="the margin after the look",
+    )
+
+
+def hand_out_pids(count: int) -> None:
+    for _ in range(count):
+        subprocess.run(["true"], check=True)
+
+
+def test_a_new_root_that_forked_before_the_last_look_is_probed_from_a_kept_mark(
+    trees: Trees,
+) -> None:
+    tracker = DescendantTracker(children_files=False)
+    assert tracker.look({}) == {} and tracker.last_cost.full  # the first look, a mark
+    after_the_mark_margin()
+    shell = trees.start("sleep 300 & wait")
+    (child,) = wait_for_children(trees, shell.pid, 1)
+    assert tracker.look({}) == {} and not tracker.last_cost.full  # its range passes the fork
+    roots = {root_key(shell.pid): SESSION}  # the shell becomes a root only now
+    assert listed(tracker.look(roots)) == {child: (shell.pid, shell.pid, SESSION)}
+    assert not tracker.last_cost.full and not tracker.owes_table
+
+
+def test_a_kept_mark_too_many_pids_back_owes_a_table_instead(trees: Trees) -> None:
+    """A mark more pids back than the probe limit is not probed from (the span counts
+    the pids each probing look saw handed out): the root owes a table."""
+    limit = 64
+    for _attempt in range(5):  # other processes fork too: a look past the limit is a table
+        tracker = DescendantTracker(children_files=False, max_probed_pids=limit)
+        assert tracker.look({}) == {} and tracker.last_cost.full
+        after_the_mark_margin()
+        clean = True
+        for _ in range(3):  # 90 pids and more since the mark, under the limit between looks
+            hand_out_pids(30)
+            tracker.look({})
+            clean &= not tracker.last_cost.full
+        shell = trees.start("sleep 300 & wait")
+        (child,) = wait_for_children(trees, shell.pid, 1)
+        tracker.look({})
+        if clean and not tracker.last_cost.full:
+            break
+    else:
+        pytest.fail(f"more than {limit} pids were handed out between two looks, five times")
+    roots = {root_key(shell.pid): SESSION}
+    assert tracker.look(roots) == {} and tracker.owes_table
+    found = tracker.look(roots, take_table())
+    assert listed(found) == {child: (shell.pid, shell.pid, SESSION)}
+    assert not tracker.owes_table
 
 
 def test_threads_are_not_descendants(trees: Trees) -> None:
