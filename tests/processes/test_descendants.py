@@ -15,11 +15,11 @@ from support import wait_until
 
 from capsuled.processes.descendants import (
     LOOK_INTERVAL_S,
-    MARK_MARGIN_S,
     Descendant,
     DescendantTracker,
     children_files_supported,
 )
+from capsuled.processes.pid_marks import MARK_MARGIN_S
 from capsuled.processes.table import Clock, proc_stat, take_table
 
 SESSION = "ses_tree"

@@ -18,8 +18,8 @@ from sessions_support import Sleepers, World, pids, proc_state
 from support import wait_until
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
-from capsuled.processes.descendants import MARK_MARGIN_S
 from capsuled.processes.looks import DescendantLooks
+from capsuled.processes.pid_marks import MARK_MARGIN_S
 from capsuled.processes.sample import sample_processes, sample_with_table
 
 

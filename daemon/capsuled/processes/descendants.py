@@ -51,41 +51,38 @@ however it is re-parented.
 
 **A new root older than the last look.** What a process started before it
 became a root (its receipt written after it forked) is not among the pids
-handed out since the last look. The tracker keeps looks' pid counters and
-when each was read (clock ticks since boot): :data:`MARKS_KEPT` of them, one
-per :data:`MARK_SPACING_S`. A new root that started (by its stat) after one
-of them, by :data:`MARK_MARGIN_S`, can only have children whose pids were
-handed out after that counter, so the look probes from there instead (one
-stat per pid handed out since shortly before the root started). A root
-older than every kept mark, or a range past :data:`MAX_PROBED_PIDS`, sets
-:attr:`DescendantTracker.owes_table` instead, and the daemon's next look
-takes a full table at once (docs/design.md §5).
+handed out since the last look. The tracker keeps its looks' pid counters
+and when each was read (:mod:`capsuled.processes.pid_marks`): a new root
+that started (by its stat) after one of them can only have children whose
+pids were handed out after that counter, so the look probes from there
+instead (one stat per pid handed out since shortly before the root
+started). A root older than every kept mark, or a mark more than
+:data:`MAX_PROBED_PIDS` back, sets :attr:`DescendantTracker.owes_table`
+instead, and the daemon's next look takes a full table at once
+(docs/design.md §5).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import select
 import threading
-import time
 import weakref
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from capsule_client._proc import ticks_per_s
 from capsuled.common.shortage import is_shortage
 
+from .pid_marks import PidMarks
 from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
 from .table import thread_group_id as _tgid
 
 __all__ = [
     "LOOK_INTERVAL_S",
-    "MARKS_KEPT",
-    "MARK_MARGIN_S",
-    "MARK_SPACING_S",
     "MAX_PROBED_PIDS",
     "MAX_TRACKED_PIDFDS",
     "ROOT_TOLERANCE_S",
@@ -103,17 +100,6 @@ MAX_PROBED_PIDS: Final = 4096
 MAX_TRACKED_PIDFDS: Final = 1024
 #: A root's start time must match its stat within this (the widest receipt tolerance, §3).
 ROOT_TOLERANCE_S: Final = 5.0
-#: Marks (a look's pid counter and when it was read) kept, one per ``MARK_SPACING_S`` at
-#: most: about the last 8 s of looks, to probe from for a new root older than the last one.
-MARKS_KEPT: Final = 32
-MARK_SPACING_S: Final = 0.25
-#: A new root must have started this long after a mark to be probed from it, seconds
-#: (start times count whole clock ticks, 10 ms, and are read apart from the mark).
-MARK_MARGIN_S: Final = 0.1
-
-#: The clock of a process's start ticks (``/proc/<pid>/stat``), where there is one:
-#: since boot, suspends included (``CLOCK_BOOTTIME`` is never behind the kernel's count).
-_BOOTTIME: Final[int | None] = getattr(time, "CLOCK_BOOTTIME", None)
 
 #: (pid, started_at Unix s) → session id: the live receipt and owned processes.
 Roots = Mapping[tuple[int, int], str]
@@ -278,11 +264,7 @@ class DescendantTracker:
         # the Unix session has members (its id cannot be handed out again until then).
         self._led: dict[int, _Member] = {}
         self._last_pid: int | None = None
-        # Pids handed out over the probing looks since the last full table: exact spans
-        # between marks, whatever the counter wrapped.
-        self._handed_out = 0
-        # (clock ticks since boot read after the counter, the counter, _handed_out then).
-        self._marks: deque[tuple[int, int, int]] = deque(maxlen=MARKS_KEPT)
+        self._marks = PidMarks(ticks_per_s())  # where to probe from for an older new root
         self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
         self._exits = _ExitPoll(max_pidfds)
         self.last_cost = LookCost()
@@ -345,8 +327,9 @@ class DescendantTracker:
             lists, read = self._grow_by_children(members)
             stats += read
         else:
-            probed = self._grow_by_probe(members, self._probe_from(members, older, clock))
-        self._mark(clock)
+            probed = self._grow_by_probe(members, self._probe_from(members, older))
+        if not self.children_files and self._last_pid is not None:
+            self._marks.mark(self._last_pid)  # the children lists keep no counter
         stats += self._exits.sync(members)
         self._known = {pid: m for pid, m in members.items() if m.parent_pid}
         self._roots = {key: members[key[0]] for key in roots if key[0] in members}
@@ -413,31 +396,18 @@ class DescendantTracker:
                 members[pid] = known
         return members, stats
 
-    def _mark(self, clock: Clock) -> None:
-        """Keep the counter this look ended with, and when (read after it: a process
-        started later was given a later pid), unless the latest mark is younger than
-        :data:`MARK_SPACING_S`."""
-        if self.children_files or self._last_pid is None or _BOOTTIME is None:
-            return  # the children lists keep no counter between tables
-        now = math.ceil(time.clock_gettime(_BOOTTIME) * clock.ticks_per_s)
-        if not self._marks or now - self._marks[-1][0] >= MARK_SPACING_S * clock.ticks_per_s:
-            self._marks.append((now, self._last_pid, self._handed_out))
-
-    def _probe_from(self, members: Mapping[int, _Member], older: list[int], clock: Clock) -> int:
+    def _probe_from(self, members: Mapping[int, _Member], older: list[int]) -> int:
         """The counter after which to probe: the last look's, or for new roots started
         before it the latest mark they all started after (owing a table if there is none)."""
         assert self._last_pid is not None
         starts = [members[pid].start_ticks for pid in older if pid in members]
         if not starts:
             return self._last_pid
-        before = min(starts) - round(MARK_MARGIN_S * clock.ticks_per_s)
-        for ticks, counter, handed_out in reversed(self._marks):
-            if ticks < before:
-                if self._handed_out - handed_out <= self.max_probed_pids:
-                    return counter
-                break
-        self.owes_table = True  # started before every kept mark: only a table tells
-        return self._last_pid
+        since = self._marks.before(min(starts), most=self.max_probed_pids)
+        if since is None:
+            self.owes_table = True  # started before every kept mark: only a table tells
+            return self._last_pid
+        return since
 
     def _grow_by_probe(self, members: dict[int, _Member], since: int) -> int:
         """Add what descends from ``members`` among the pids handed out after ``since``
@@ -452,7 +422,7 @@ class DescendantTracker:
             stat = proc_stat(pid)
             if stat is not None and stat.live and pid not in members:
                 candidates[pid] = stat
-        self._handed_out += self._span(self._last_pid, counter)
+        self._marks.handed_out(self._span(self._last_pid, counter))
         self._last_pid = counter
         self._grow(members, candidates, check_threads=True)
         return probed
