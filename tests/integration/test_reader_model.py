@@ -511,6 +511,22 @@ def runs_of(client: Client) -> int:
     return verification.runs
 
 
+def verification_reading(home: Path, exec_dir: Path) -> None:
+    """Return once the next verification run reads ``exec_dir``'s receipts: the next
+    cookie is its barrier, and the first receipt opened after it is its listing pass."""
+    inotify_simple = pytest.importorskip("inotify_simple")
+    with contextlib.closing(inotify_simple.INotify()) as watch:
+        watch.add_watch(home, inotify_simple.flags.CREATE)
+        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
+        cookie = opened = False
+        deadline = time.monotonic() + 10
+        while not opened:
+            assert time.monotonic() < deadline, "no verification run began"
+            for event in watch.read(timeout=100):
+                cookie |= event.name.startswith(".capsuled-cookie-")
+                opened |= cookie and event.name.endswith(".json")
+
+
 def changes_found(client: Client) -> int:
     """Changes the watch had not reported, found by verification so far."""
     verification = client.status().verification
@@ -1076,7 +1092,7 @@ def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
 ) -> None:
     """A directory listed before receipts came into it is listed again by verification,
     and each new entry read again; one written meanwhile was reported by the watch."""
-    inotify_simple = pytest.importorskip("inotify_simple")
+    pytest.importorskip("inotify_simple")  # the test watches the pass itself
     home = place / "home"
     exec_dir = home / "runtime" / "exec-processes"
     exec_dir.mkdir(parents=True, mode=0o700)
@@ -1093,24 +1109,10 @@ def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
         last = exec_dir / "zzz.json"
         last.write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
         assert client.snapshot(max_age_ms=0).unowned == []
-        watch = inotify_simple.INotify()
-        watch.add_watch(home, inotify_simple.flags.CREATE)
-        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
-        try:
-            # The next cookie is the first verification's barrier; the first
-            # receipt opened after it is its listing pass at work.
-            cookie = opened = False
-            deadline = time.monotonic() + 10
-            while not opened:
-                assert time.monotonic() < deadline, "no verification run began"
-                for event in watch.read(timeout=100):
-                    cookie |= event.name.startswith(".capsuled-cookie-")
-                    opened |= cookie and event.name.endswith(".json")
-            # A runtime's in-place write, which the watch reports: the pass
-            # reaches this receipt only after 3000 others.
-            write_in_place(last, exec_body("exe_x", sleeper.pid, start_of(sleeper.pid)))
-        finally:
-            watch.close()
+        verification_reading(home, exec_dir)
+        # A runtime's in-place write, which the watch reports: the pass
+        # reaches this receipt only after 3000 others.
+        write_in_place(last, exec_body("exe_x", sleeper.pid, start_of(sleeper.pid)))
         wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
         assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
         assert changes_found(client) == 0
@@ -1177,7 +1179,7 @@ def test_a_directory_removed_while_verification_runs_is_not_counted_as_missed(
 ) -> None:
     """Verification re-checks candidates, then errored receipts; the run directory of one
     errored receipt is removed (and reported by the watch) while the candidates are read."""
-    inotify_simple = pytest.importorskip("inotify_simple")
+    pytest.importorskip("inotify_simple")  # the test watches the pass itself
     home = place / "home"
     exec_dir = home / "runtime" / "exec-processes"
     exec_dir.mkdir(parents=True, mode=0o700)
@@ -1193,20 +1195,8 @@ def test_a_directory_removed_while_verification_runs_is_not_counted_as_missed(
         Client(daemon.socket_path) as client,
     ):
         assert str(broken) in gap_paths(client.snapshot(max_age_ms=0))
-        watch = inotify_simple.INotify()
-        watch.add_watch(home, inotify_simple.flags.CREATE)
-        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
-        try:
-            cookie = opened = False
-            deadline = time.monotonic() + 10
-            while not opened:
-                assert time.monotonic() < deadline, "no verification run began"
-                for event in watch.read(timeout=100):
-                    cookie |= event.name.startswith(".capsuled-cookie-")
-                    opened |= cookie and event.name.endswith(".json")
-            shutil.rmtree(home / "runs" / "r1")  # 3000 candidates before its receipt
-        finally:
-            watch.close()
+        verification_reading(home, exec_dir)
+        shutil.rmtree(home / "runs" / "r1")  # 3000 candidates before its receipt
         wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
         assert str(broken) not in gap_paths(client.snapshot(max_age_ms=0))
         assert changes_found(client) == 0

@@ -39,11 +39,18 @@ def test_writer_creates_the_schema_in_wal_with_user_version_1(db: Path) -> None:
     assert db.parent.stat().st_mode & 0o777 == 0o700
 
 
+def made_with(db: Path, sql: str) -> None:
+    """A database at ``db`` made by a plain connection running ``sql``, not the writer kit."""
+    raw = sqlite3.connect(db)
+    try:
+        raw.execute(sql)
+    finally:
+        raw.close()
+
+
 def test_writer_refuses_another_user_version(db: Path) -> None:
     db.parent.mkdir()
-    raw = sqlite3.connect(db)
-    raw.execute("PRAGMA user_version = 7")
-    raw.close()
+    made_with(db, "PRAGMA user_version = 7")
     with pytest.raises(StoreVersionError, match="user_version 7"):
         OwnershipStore(db)
 
@@ -119,9 +126,7 @@ def test_a_store_whose_schema_is_not_committed_yet_means_nobody_owns_anything(
     db.parent.mkdir()
     db.write_bytes(b"")
     if made == "an empty WAL database":
-        raw = sqlite3.connect(db)
-        raw.execute("PRAGMA journal_mode=WAL")
-        raw.close()
+        made_with(db, "PRAGMA journal_mode=WAL")
     ownership = OwnershipReader(db).session_process_ownership(["inp_a"], [], None)
     assert ownership.inputs == ownership.execs == ownership.processes == {}
     assert ownership.gaps == (f"ownership store {db} has no schema yet; nobody owns anything",)
@@ -129,9 +134,7 @@ def test_a_store_whose_schema_is_not_committed_yet_means_nobody_owns_anything(
 
 def test_a_store_with_tables_but_no_user_version_is_unavailable(db: Path) -> None:
     db.parent.mkdir()
-    raw = sqlite3.connect(db)
-    raw.execute("CREATE TABLE other (x)")
-    raw.close()
+    made_with(db, "CREATE TABLE other (x)")
     with pytest.raises(StoreUnavailable, match="user_version 0, expected 1"):
         OwnershipReader(db).session_process_ownership([], [], [])
 
@@ -146,9 +149,7 @@ def test_corrupt_store_is_unavailable(db: Path) -> None:
 def test_wrong_user_version_is_unavailable(db: Path) -> None:
     with OwnershipStore(db):
         pass
-    raw = sqlite3.connect(db)
-    raw.execute("PRAGMA user_version = 2")
-    raw.close()
+    made_with(db, "PRAGMA user_version = 2")
     with pytest.raises(StoreUnavailable, match="user_version 2, expected 1"):
         OwnershipReader(db).session_process_ownership([], [], [])
 
