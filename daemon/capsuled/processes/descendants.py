@@ -66,17 +66,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import select
 import threading
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from capsule_client._proc import ticks_per_s
-from capsuled.common.shortage import is_shortage
 
+from .members import ExitPoll, Member
 from .pid_marks import PidMarks
 from .table import Clock, ProcessTable, ProcStat, last_pid, proc_stat, take_table
 from .table import thread_group_id as _tgid
@@ -142,90 +140,9 @@ class LookCost:
     children_lists: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Member:
-    """A session process during a look."""
-
-    start_ticks: int
-    sid: int
-    session_id: str
-    root_pid: int
-    parent_pid: int  # 0 for a root
-
-
-class _ExitPoll:
-    """A pidfd per session process, all polled in one syscall: which have exited.
-
-    A pidfd names one process for good, so a held process needs no stat read
-    at a look: its descriptor turns readable when it exits. Past
-    ``max_pidfds`` (or without pidfds) processes are checked by their stat.
-    """
-
-    def __init__(self, max_pidfds: int) -> None:
-        self.max_pidfds = max_pidfds if hasattr(os, "pidfd_open") else 0
-        self._held: dict[int, tuple[int, int]] = {}  # pid → (fd, start ticks)
-        self._poll = select.poll()
-        self._finalizer = weakref.finalize(self, _close_all, self._held)
-
-    def holds(self, pid: int, start_ticks: int) -> bool:
-        held = self._held.get(pid)
-        return held is not None and held[1] == start_ticks
-
-    def exited(self) -> set[int]:
-        """The held pids whose process has exited (or is a zombie)."""
-        if not self._held:
-            return set()
-        ready = {fd for fd, _ in self._poll.poll(0)}
-        return {pid for pid, (fd, _) in self._held.items() if fd in ready}
-
-    def sync(self, members: dict[int, _Member]) -> int:
-        """Hold exactly ``members``; a new one whose pid turns out reused since its stat
-        was read is dropped from ``members``. Returns the stat files read."""
-        for pid, (_fd, start_ticks) in list(self._held.items()):
-            member = members.get(pid)
-            if member is None or member.start_ticks != start_ticks:
-                self._release(pid)
-        reads = 0
-        for pid, member in list(members.items()):
-            if pid in self._held or len(self._held) >= self.max_pidfds:
-                continue
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                del members[pid]
-                continue
-            except OSError as exc:
-                if not is_shortage(exc):  # refused for good (a sandbox): stat reads
-                    self.max_pidfds = len(self._held)
-                break  # short of descriptors: stat reads for the rest, this time
-            reads += 1
-            stat = proc_stat(pid)  # the pid may have been reused before the open
-            if stat is None or not stat.live or stat.start_ticks != member.start_ticks:
-                os.close(fd)
-                del members[pid]
-                continue
-            self._held[pid] = (fd, member.start_ticks)
-            self._poll.register(fd, select.POLLIN)
-        return reads
-
-    def _release(self, pid: int) -> None:
-        fd, _ = self._held.pop(pid)
-        self._poll.unregister(fd)
-        os.close(fd)
-
-    def close(self) -> None:
-        self._finalizer()
-
-
 def _same(stat: ProcStat | None, start_ticks: int) -> bool:
     """Whether ``stat`` is of a live process that started at ``start_ticks``."""
     return stat is not None and stat.live and stat.start_ticks == start_ticks
-
-
-def _close_all(held: dict[int, tuple[int, int]]) -> None:
-    for fd, _ in held.values():
-        os.close(fd)
-    held.clear()
 
 
 def children_files_supported() -> bool:
@@ -259,14 +176,14 @@ class DescendantTracker:
         )
         self.max_probed_pids = max_probed_pids
         self._pid_max = _pid_max()
-        self._known: dict[int, _Member] = {}
+        self._known: dict[int, Member] = {}
         # sid → the session process that led it: kept after the leader exits, while
         # the Unix session has members (its id cannot be handed out again until then).
-        self._led: dict[int, _Member] = {}
+        self._led: dict[int, Member] = {}
         self._last_pid: int | None = None
         self._marks = PidMarks(ticks_per_s())  # where to probe from for an older new root
-        self._roots: dict[tuple[int, int], _Member] = {}  # the live roots of the last look
-        self._exits = _ExitPoll(max_pidfds)
+        self._roots: dict[tuple[int, int], Member] = {}  # the live roots of the last look
+        self._exits = ExitPoll(max_pidfds)
         self.last_cost = LookCost()
         #: A look without a table was given a root started before its probe range
         #: and every kept mark: what that root started earlier is found only in a
@@ -354,9 +271,9 @@ class DescendantTracker:
 
     def _members(
         self, roots: Roots, clock: Clock, lookup: Mapping[int, ProcStat] | None
-    ) -> tuple[dict[int, _Member], int]:
+    ) -> tuple[dict[int, Member], int]:
         """The live roots and the known descendants still running; stat files read."""
-        members: dict[int, _Member] = {}
+        members: dict[int, Member] = {}
         stats = 0
 
         def stat_of(pid: int) -> ProcStat | None:
@@ -368,7 +285,7 @@ class DescendantTracker:
 
         exited = self._exits.exited() if lookup is None else set()
 
-        def held(pid: int, member: _Member | None) -> bool:
+        def held(pid: int, member: Member | None) -> bool:
             """Held by a pidfd that has not turned readable: still running, no read needed."""
             return (
                 lookup is None
@@ -388,7 +305,7 @@ class DescendantTracker:
             if stat is None or not stat.live:
                 continue
             if abs(clock.seconds(stat.start_ticks) - started_at) <= ROOT_TOLERANCE_S:
-                members[pid] = _Member(stat.start_ticks, stat.session_id, session_id, pid, 0)
+                members[pid] = Member(stat.start_ticks, stat.session_id, session_id, pid, 0)
         for pid, known in self._known.items():
             if pid in members or pid in exited:
                 continue  # a root itself now (listed once, as the closest attribution), or gone
@@ -396,7 +313,7 @@ class DescendantTracker:
                 members[pid] = known
         return members, stats
 
-    def _probe_from(self, members: Mapping[int, _Member], older: list[int]) -> int:
+    def _probe_from(self, members: Mapping[int, Member], older: list[int]) -> int:
         """The counter after which to probe: the last look's, or for new roots started
         before it the latest mark they all started after (owing a table if there is none)."""
         assert self._last_pid is not None
@@ -409,7 +326,7 @@ class DescendantTracker:
             return self._last_pid
         return since
 
-    def _grow_by_probe(self, members: dict[int, _Member], since: int) -> int:
+    def _grow_by_probe(self, members: dict[int, Member], since: int) -> int:
         """Add what descends from ``members`` among the pids handed out after ``since``
         (the last look's counter, or an older mark's)."""
         counter = last_pid()
@@ -428,7 +345,7 @@ class DescendantTracker:
         return probed
 
     def _grow(
-        self, members: dict[int, _Member], stats: Mapping[int, ProcStat], *, check_threads: bool
+        self, members: dict[int, Member], stats: Mapping[int, ProcStat], *, check_threads: bool
     ) -> None:
         """Add the processes of ``stats`` that descend from ``members``, transitively: by
         their parent, or by a Unix session that a session process leads or led."""
@@ -441,7 +358,7 @@ class DescendantTracker:
         for pid, member in members.items():
             if member.sid == pid:
                 self._led[pid] = member
-        pending: list[tuple[_Member, list[int]]] = [
+        pending: list[tuple[Member, list[int]]] = [
             (members[pid], by_parent.get(pid, [])) for pid in sorted(members)
         ]
         pending.extend((leader, by_sid.get(sid, [])) for sid, leader in sorted(self._led.items()))
@@ -453,7 +370,7 @@ class DescendantTracker:
                     continue  # known, or older than its claimed parent (a reused parent pid)
                 if check_threads and _tgid(pid) != pid:
                     continue  # a thread: its stat names its process's parent
-                member = members[pid] = _Member(
+                member = members[pid] = Member(
                     stat.start_ticks, stat.session_id, via.session_id, via.root_pid, stat.ppid
                 )
                 pending.append((member, by_parent.get(pid, [])))
@@ -461,7 +378,7 @@ class DescendantTracker:
                     self._led[pid] = member
                     pending.append((member, by_sid.get(pid, [])))
 
-    def _grow_by_children(self, members: dict[int, _Member]) -> tuple[int, int]:
+    def _grow_by_children(self, members: dict[int, Member]) -> tuple[int, int]:
         """Add children found in the children lists of ``members``, transitively."""
         lists = read = 0
         queue = sorted(members)
@@ -477,7 +394,7 @@ class DescendantTracker:
                 read += 1
                 if stat is None or not stat.live or stat.start_ticks < parent.start_ticks:
                     continue
-                members[child] = _Member(
+                members[child] = Member(
                     stat.start_ticks,
                     stat.session_id,
                     parent.session_id,
