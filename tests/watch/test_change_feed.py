@@ -11,7 +11,9 @@ def test_the_store_flag_alone_is_taken_and_nothing_else_is() -> None:
     feed = ChangeFeed()
     assert not feed.take_store_alone()  # nothing recorded
     feed.store_changed()
+    assert feed.store_alone  # asked, not taken
     assert feed.take_store_alone()
+    assert not feed.store_alone
     assert not feed
     for other in (
         lambda: feed.add([Path("/h/runtime/exec-processes/e.json")]),
@@ -21,6 +23,7 @@ def test_the_store_flag_alone_is_taken_and_nothing_else_is() -> None:
     ):
         other()
         feed.store_changed()
+        assert not feed.store_alone
         assert not feed.take_store_alone()  # with anything else, the observation reads it all
         changes = feed.drain()
         assert changes.store and changes

@@ -240,9 +240,11 @@ class Discovery:
             return
         # The store's file moved while a writer's transaction is open: nothing
         # readable changed yet, and its commit makes no event when it lands.
-        # Observe once the lock is free, not now and again then.
+        # Observe once the lock is free, not now and again then. (The lock is
+        # asked only for a store event alone: not on every receipt's event.)
         if (
             self._sampler.on_loop
+            and self.changes.store_alone
             and self._reader.ownership.writing()
             and self.changes.take_store_alone()
         ):

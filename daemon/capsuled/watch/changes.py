@@ -98,13 +98,22 @@ class ChangeFeed:
             self._home = True
         self._notify()
 
+    @property
+    def store_alone(self) -> bool:
+        """Whether the store's flag is all that is recorded."""
+        with self._lock:
+            return self._store_alone()
+
     def take_store_alone(self) -> bool:
         """Take the store's flag if it is all that is recorded; whether it was."""
         with self._lock:
-            alone = self._store and not (self._rescan or self._home or self._paths or self._moved)
+            alone = self._store_alone()
             if alone:
                 self._store = False
             return alone
+
+    def _store_alone(self) -> bool:
+        return self._store and not (self._rescan or self._home or self._paths or self._moved)
 
     def drain(self) -> Changes:
         """Take everything recorded so far and leave the feed empty."""
