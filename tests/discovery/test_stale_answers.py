@@ -4,7 +4,7 @@ A wake (a watch event, an exit, a descendant, a commit landed) makes the
 latest answer stale until an observation begun after it is published: a
 plain request waits for that one, not for one already running. Here the
 observations are stand-ins the test releases one by one, so every order is
-reached on purpose; the answer selection (``Answers``, ``SingleFlight``,
+reached on purpose; the answer selection (``SnapshotAnswers``, ``SingleFlight``,
 ``Sampler``) is the real one.
 """
 
@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, SnapshotParams
-from capsuled.discovery.latest_answer import Publication
+from capsuled.discovery.latest_answer import LatestAnswer
 from capsuled.discovery.single_flight import SingleFlight
-from capsuled.discovery.snapshot import Answers
+from capsuled.discovery.snapshot_answers import SnapshotAnswers
 from capsuled.discovery.wakeups import Sampler
 
 pytestmark = pytest.mark.anyio
@@ -37,9 +37,9 @@ class Observations:
             sample_interval_s=1.0,
             verify_interval_s=None,
         )
-        self.pub = Publication()
+        self.pub = LatestAnswer()
         self.flight = SingleFlight(self.run, lambda: False)
-        self.answers = Answers(
+        self.answers = SnapshotAnswers(
             self.flight,
             self.pub,
             default_max_age_s=lambda: float("inf"),

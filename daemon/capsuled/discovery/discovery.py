@@ -28,7 +28,7 @@ the home and everything asynchronous around it:
   when it is young enough and nothing is pending, otherwise observes, and
   retries ``scanning`` until ``ready`` or the request's deadline, which also
   bounds the wait for a stuck observation (see
-  :meth:`~capsuled.discovery.latest_answer.Publication.late`);
+  :meth:`~capsuled.discovery.latest_answer.LatestAnswer.late`);
 * **home replaced**: a fresh reader for the path (the generation count goes
   on), a warning, and ``totals.readers_restarted``.
 
@@ -80,9 +80,9 @@ from capsuled.reader import ActiveSessionReader, Generations, Lineage, Observati
 from capsuled.watch.changes import ChangeFeed
 
 from .commit_wait import CommitWait
-from .latest_answer import Publication
+from .latest_answer import LatestAnswer
 from .single_flight import SingleFlight, Wanted
-from .snapshot import Answers
+from .snapshot_answers import SnapshotAnswers
 from .wakeups import Sampler, count_verification
 
 __all__ = ["NO_WATCHER_NOTE", "Discovery"]
@@ -158,7 +158,7 @@ class Discovery:
         self._cancel = threading.Event()
         self._generations = Generations(run_base())
         self._reader = self._new_reader()
-        self._pub = Publication()
+        self._latest = LatestAnswer()
         self._single = SingleFlight(self._run, self._cancel.is_set)
         self._sampler = Sampler(
             observe=self._sample,
@@ -170,9 +170,9 @@ class Discovery:
         )
         #: Set once the first observation is done.
         self.first_observation = self._sampler.first_observation
-        self._answers = Answers(
+        self._answers = SnapshotAnswers(
             self._single,
-            self._pub,
+            self._latest,
             default_max_age_s=self._default_max_age_s,
             pending=lambda: self.watcher_mode != "off" and bool(self.changes),
             stale_since=lambda: self._sampler.stale_since,
@@ -201,12 +201,12 @@ class Discovery:
     @property
     def latest(self) -> ActiveSessionsSnapshot | None:
         """The latest observation's answer, None before the first."""
-        return self._pub.latest
+        return self._latest.latest
 
     @property
     def notes(self) -> list[str]:
         """Plain-language remarks for ``status``."""
-        notes = [] if self._pub.latest is not None else ["no observation yet"]
+        notes = [] if self._latest.latest is not None else ["no observation yet"]
         if self.watcher_mode == "off":
             notes.append(NO_WATCHER_NOTE)
         return [*notes, *self.exits.notes]
@@ -223,11 +223,11 @@ class Discovery:
     @property
     def announced(self) -> ActiveSessionsSnapshot | None:
         """The latest answer given to listeners: settled (not ``scanning``)."""
-        return self._pub.announced
+        return self._latest.announced
 
     def add_listener(self, listener: Callable[[ActiveSessionsSnapshot], None]) -> None:
         """Call ``listener`` (on the event loop) with each new settled answer."""
-        self._pub.add_listener(listener)
+        self._latest.add_listener(listener)
 
     def wake(self) -> None:
         """Observe again now instead of at the next sample (see :meth:`Sampler.wake`)."""
@@ -301,7 +301,7 @@ class Discovery:
         that is not ``ready`` (a locked store says nothing when it is freed).
         Otherwise the daemon sleeps until a watch event or an exit.
         """
-        latest = self._pub.latest
+        latest = self._latest.latest
         return (
             self.watcher_mode == "off"
             or self.exits.mode == "sampling"
@@ -361,7 +361,7 @@ class Discovery:
             self.exits.track(observation.watched)
         if observation.store_writing:
             self.commits.owe()  # a commit heard may land after the version was read
-        self._pub.publish(observation.snapshot)
+        self._latest.publish(observation.snapshot)
         self._sampler.answered(served)
         self.looks.observed()
         return observation.snapshot
@@ -426,11 +426,11 @@ class Discovery:
     # sessions.snapshot
 
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
-        """:meth:`snapshot` as JSON parts (:meth:`.snapshot.Answers.snapshot_json`)."""
+        """:meth:`snapshot` as JSON parts (:meth:`SnapshotAnswers.snapshot_json`)."""
         return await self._answers.snapshot_json(params)
 
     async def snapshot(self, params: SnapshotParams) -> ActiveSessionsSnapshot:
-        """Answer ``sessions.snapshot`` (:meth:`capsuled.discovery.snapshot.Answers.snapshot`)."""
+        """Answer ``sessions.snapshot`` (:meth:`SnapshotAnswers.snapshot`)."""
         return await self._answers.snapshot(params)
 
     @property
@@ -440,12 +440,12 @@ class Discovery:
 
     async def next_answer(self) -> None:
         """Return once an answer with a new generation is published."""
-        await self._pub.next_answer()
+        await self._latest.next_answer()
 
     @property
     def long_polls(self) -> int:
         """``since`` long polls waiting for a change now (shown in ``status``)."""
-        return self._pub.waiting
+        return self._latest.waiting
 
     def end_long_polls(self) -> None:
         """End every ``since`` long poll that waits for a change, and any that starts later.
@@ -453,7 +453,7 @@ class Discovery:
         They are answered -32005 at once instead of holding the shutdown's
         drain until their ``timeout_ms`` (docs/design.md §8).
         """
-        self._pub.end_long_polls()
+        self._latest.end_long_polls()
 
     def sampled_starts(self, observed_at: float) -> Mapping[int, float]:
         """pid → the start time the sample of the observation made at ``observed_at``

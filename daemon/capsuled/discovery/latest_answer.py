@@ -1,4 +1,4 @@
-"""Publication: the latest answer, and who hears of a new one (listeners, long polls).
+"""The latest answer, and who hears of a new one (listeners, long polls).
 
 Each observation's answer is published: it becomes the latest; a new
 generation wakes every long poll (requests with ``since``); a new settled
@@ -17,12 +17,12 @@ import structlog
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 
-__all__ = ["Publication"]
+__all__ = ["LatestAnswer"]
 
 log = structlog.get_logger("capsuled.discovery")
 
 
-class Publication:
+class LatestAnswer:
     """The latest answer, its listeners and the long polls waiting for a new generation.
 
     Attributes:

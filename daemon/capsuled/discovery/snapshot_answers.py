@@ -23,18 +23,18 @@ from capsuled.processes.sample import UsageMeter
 from capsuled.processes.usage import with_usage
 
 from .encoded_answer import EncodedAnswer, encoder
-from .latest_answer import Publication
+from .latest_answer import LatestAnswer
 from .single_flight import SingleFlight
 
-__all__ = ["Answers"]
+__all__ = ["SnapshotAnswers"]
 
 
-class Answers:
-    """Answers ``sessions.snapshot`` from the published answers and single flight.
+class SnapshotAnswers:
+    """Answers ``sessions.snapshot`` from the latest answer and single flight.
 
     Args:
         flight: the observations to share.
-        publication: the latest answer and the long polls.
+        latest: the latest answer and the long polls.
         default_max_age_s: the age an answer may have when the request sets
             no ``max_age_ms``, seconds (asked each time).
         pending: whether changes wait to be read (the latest answer is then stale).
@@ -47,7 +47,7 @@ class Answers:
     def __init__(
         self,
         flight: SingleFlight,
-        publication: Publication,
+        latest: LatestAnswer,
         *,
         default_max_age_s: Callable[[], float],
         pending: Callable[[], bool],
@@ -55,7 +55,7 @@ class Answers:
         sync: Callable[[], Awaitable[None]] | None,
     ) -> None:
         self._flight = flight
-        self._pub = publication
+        self._latest = latest
         self._default_max_age_s = default_max_age_s
         self._pending = pending
         self._stale_since = stale_since
@@ -93,7 +93,7 @@ class Answers:
 
         Raises:
             DiscoveryUnavailable: ``timeout_ms`` passed before an observation
-                the request may use ended (see :meth:`Publication.late`).
+                the request may use ended (see :meth:`LatestAnswer.late`).
             ShuttingDown: the daemon is stopping; a long poll ends with it.
         """
         answer = await self._for_request(await self._answer(params), params)
@@ -111,11 +111,11 @@ class Answers:
         return answer
 
     def _fresh(self, max_age_s: float) -> ActiveSessionsSnapshot | None:
-        latest = self._pub.latest
+        latest = self._latest.latest
         if (
             latest is None
             or latest.discovery == "scanning"
-            or time.monotonic() - self._pub.latest_at >= max_age_s
+            or time.monotonic() - self._latest.latest_at >= max_age_s
             or self._pending()
         ):
             return None
@@ -145,7 +145,7 @@ class Answers:
         if answer is None:
             wanted = self._flight.wanted(arrived_at, max_age_s, begun_after=stale_since)
             settled = await self._flight.settle(deadline, wanted, wait=True)
-            answer = settled or self._pub.late(params)
+            answer = settled or self._latest.late(params)
         if params.since is not None:
-            answer = await self._pub.wait_for_change(params.since, answer, deadline)
+            answer = await self._latest.wait_for_change(params.since, answer, deadline)
         return answer
