@@ -31,6 +31,7 @@ from capsuled.discovery.discovery import NO_WATCHER_NOTE, Discovery
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader
 from capsuled.reader.store import OwnershipReader
+from capsuled.service.supervisor import build_discovery
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +53,7 @@ async def running(discovery: Discovery) -> AsyncIterator[Discovery]:
 @pytest.fixture
 async def discovery(world: World) -> AsyncIterator[Discovery]:
     # A long sample interval: the sampler observes once, then only requests do.
-    async with running(Discovery(world.home, sample_interval_s=30)) as started:
+    async with running(build_discovery(world.home, sample_interval_s=30)) as started:
         yield started
 
 
@@ -95,7 +96,7 @@ async def test_without_a_watcher_every_observation_walks(
 
 
 async def test_with_a_watcher_pending_changes_bypass_the_cache(world: World) -> None:
-    watched = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    watched = build_discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
     async with running(watched) as discovery:
         assert discovery.notes == []
         process = world.pool.start()
@@ -112,7 +113,7 @@ async def test_scanning_is_retried_until_ready(discovery: Discovery, world: Worl
     process = world.pool.start()
     world.own("ses_a")
     world.exec_receipt("exe_1", process.pid)
-    discovery._reader = ActiveSessionReader(
+    discovery.reader.current = ActiveSessionReader(
         world.home, discovery.changes, ownership=OwnershipMovingOnce(world)
     )
     before = discovery.totals.observations
@@ -127,7 +128,7 @@ async def test_scanning_past_the_deadline_is_answered_as_is(
 ) -> None:
     process = world.pool.start()
     world.exec_receipt("exe_1", process.pid)
-    discovery._reader = ActiveSessionReader(
+    discovery.reader.current = ActiveSessionReader(
         world.home, discovery.changes, ownership=OwnershipMovingAlways(world)
     )
     answer = await snapshot(discovery, max_age_ms=0, timeout_ms=300)
@@ -165,7 +166,7 @@ async def test_since_answers_at_once_when_the_generation_differs(discovery: Disc
 
 
 async def test_since_waits_for_a_change(world: World) -> None:
-    async with running(Discovery(world.home, sample_interval_s=0.05)) as discovery:
+    async with running(build_discovery(world.home, sample_interval_s=0.05)) as discovery:
         current = await snapshot(discovery)
         process = world.pool.start()
         answer: list[ActiveSessionsSnapshot] = []
@@ -232,7 +233,7 @@ async def test_snapshot_json_is_the_snapshot_encoded_once(tmp_path: Path, pool: 
     world.own("ses_a", execs=["exe_1"], context_id="ctx_a")
     world.exec_receipt("exe_1", process.pid)
     world.exec_receipt("exe_2", process.pid)
-    async with running(Discovery(world.home, sample_interval_s=30)) as discovery:
+    async with running(build_discovery(world.home, sample_interval_s=30)) as discovery:
         parts = await discovery.snapshot_json(SnapshotParams(task="t", max_age_ms=0))
         decoded = msgspec.json.decode(b"".join(parts), type=ActiveSessionsSnapshot)
         assert decoded.home == str(world.home)
@@ -261,7 +262,7 @@ async def test_a_new_answer_with_the_same_lists_shares_their_encoding(world: Wor
     (the reader hands back the same objects): only the rest is encoded again."""
     process = world.pool.start()
     world.exec_receipt("exe_1", process.pid)
-    discovery = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    discovery = build_discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
     async with running(discovery):
         first = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
         again = await discovery.snapshot_json(SnapshotParams(max_age_ms=0))
@@ -276,7 +277,7 @@ async def test_a_plain_request_right_after_a_wake_is_answered_by_an_observation_
 ) -> None:
     # Exits left to sampling: without the wake, the default max_age would
     # accept the latest answer for a whole sample interval.
-    watched = Discovery(
+    watched = build_discovery(
         world.home, sample_interval_s=30, watcher_mode=lambda: "native", exit_events=False
     )
     async with running(watched) as discovery:
@@ -313,9 +314,11 @@ async def test_a_store_write_heard_inside_its_transaction_costs_one_observation_
     process = world.pool.start()
     world.own("ses_a")
     world.exec_receipt("exe_1", process.pid)
-    discovery = Discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
+    discovery = build_discovery(world.home, sample_interval_s=30, watcher_mode=lambda: "native")
     ownership = LockAsked(world.store_path)
-    discovery._reader = ActiveSessionReader(world.home, discovery.changes, ownership=ownership)
+    discovery.reader.current = ActiveSessionReader(
+        world.home, discovery.changes, ownership=ownership
+    )
     writer = sqlite3.connect(world.store_path, timeout=5, isolation_level=None)
     try:
         async with running(discovery):

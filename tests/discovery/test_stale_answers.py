@@ -5,7 +5,7 @@ latest answer stale until an observation begun after it is published: a
 plain request waits for that one, not for one already running. Here the
 observations are stand-ins the test releases one by one, so every order is
 reached on purpose; the answer selection (``SnapshotAnswers``, ``SingleFlight``,
-``Sampler``) is the real one.
+``Wakeups``) is the real one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Snaps
 from capsuled.discovery.latest_answer import LatestAnswer
 from capsuled.discovery.single_flight import SingleFlight
 from capsuled.discovery.snapshot_answers import SnapshotAnswers
-from capsuled.discovery.wakeups import Sampler
+from capsuled.discovery.wakeups import Wakeups
 
 pytestmark = pytest.mark.anyio
 
@@ -29,14 +29,7 @@ class Observations:
     waits for :meth:`release`."""
 
     def __init__(self) -> None:
-        self.sampler = Sampler(
-            observe=self._never,
-            verify=self._never,
-            needs_sampling=lambda: False,
-            verifies=lambda: False,
-            sample_interval_s=1.0,
-            verify_interval_s=None,
-        )
+        self.wakeups = Wakeups()
         self.pub = LatestAnswer()
         self.flight = SingleFlight(self.run, lambda: False)
         self.answers = SnapshotAnswers(
@@ -44,7 +37,7 @@ class Observations:
             self.pub,
             default_max_age_s=lambda: float("inf"),
             pending=lambda: False,
-            stale_since=lambda: self.sampler.stale_since,
+            stale_since=lambda: self.wakeups.stale_since,
             sync=None,
         )
         self.begun = 0
@@ -52,16 +45,12 @@ class Observations:
         self.running = anyio.Event()
         self._release = anyio.Event()
 
-    @staticmethod
-    async def _never() -> None:
-        raise AssertionError("the sampler loop does not run here")
-
     def release(self) -> None:
         self.hold = False
         self._release.set()
 
     async def run(self) -> ActiveSessionsSnapshot:
-        served = self.sampler.begin()
+        served = self.wakeups.begin()
         self.begun += 1
         number = self.begun
         self.running.set()
@@ -80,7 +69,7 @@ class Observations:
             cost=DiscoveryCost(),
         )
         self.pub.publish(snapshot)
-        self.sampler.answered(served)
+        self.wakeups.answered(served)
         return snapshot
 
     async def plain(self) -> int:
@@ -101,11 +90,11 @@ async def test_a_wake_makes_the_latest_answer_stale_until_one_begun_after_it(
         with anyio.fail_after(DEADLINE_S):
             assert await observations.plain() == 1
             assert await observations.plain() == 1  # nothing heard: the latest serves
-            assert observations.sampler.stale_since is None
-            observations.sampler.wake()
-            assert observations.sampler.stale_since is not None
+            assert observations.wakeups.stale_since is None
+            observations.wakeups.wake()
+            assert observations.wakeups.stale_since is not None
             assert await observations.plain() == 2  # observed for it
-            assert observations.sampler.stale_since is None
+            assert observations.wakeups.stale_since is None
             assert await observations.plain() == 2
 
 
@@ -123,14 +112,14 @@ async def test_a_wake_while_an_observation_runs_is_not_answered_by_that_one(
             assert await observations.plain() == 1
             observations.hold = True
             observations.running = anyio.Event()
-            observations.sampler.wake()
+            observations.wakeups.wake()
             tg.start_soon(ask, "before")  # begins observation 2, which is held
             await observations.running.wait()
-            observations.sampler.wake()  # heard while observation 2 runs
+            observations.wakeups.wake()  # heard while observation 2 runs
             tg.start_soon(ask, "after")
             await anyio.wait_all_tasks_blocked()
             assert answered == {}  # neither takes the stale answer 1
             observations.release()
     # The first wake was heard before observation 2 began; the second only after.
     assert answered == {"before": 2, "after": 3}
-    assert observations.sampler.stale_since is None
+    assert observations.wakeups.stale_since is None

@@ -27,6 +27,7 @@ from capsule_client.protocol import SnapshotParams
 from capsule_client.store import OwnershipStore
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable as Unavailable
+from capsuled.service.supervisor import build_discovery
 
 #: The store's busy timeout: the least time an observation waits for the lock.
 BUSY_TIMEOUT_S = 1.0
@@ -88,7 +89,7 @@ def test_max_age_0_is_answered_unavailable_by_its_deadline_while_the_store_is_lo
 @pytest.fixture
 async def discovery(home: Path, writer: sqlite3.Connection) -> AsyncIterator[Discovery]:
     """Discovery of the home in-process, started after the store was switched to rollback mode."""
-    discovery = Discovery(home, sample_interval_s=60, watcher_mode=lambda: "native")
+    discovery = build_discovery(home, sample_interval_s=60, watcher_mode=lambda: "native")
     async with anyio.create_task_group() as tg:
         await tg.start(discovery.serve)
         await discovery.first_observation.wait()
@@ -131,7 +132,7 @@ async def test_before_the_first_observation_the_deadline_is_unavailable(
 ) -> None:
     """No answer to fall back on yet: -32001 by the deadline, not an answer a second late."""
     writer.execute("BEGIN EXCLUSIVE")  # the first observation waits the busy timeout
-    discovery = Discovery(home, sample_interval_s=60, watcher_mode=lambda: "native")
+    discovery = build_discovery(home, sample_interval_s=60, watcher_mode=lambda: "native")
     async with anyio.create_task_group() as tg:
         await tg.start(discovery.serve)
         assert discovery.latest is None

@@ -4,7 +4,7 @@ An observation that found a writer's transaction open when it read the
 store's version (:attr:`capsuled.reader.Observation.store_writing`) may
 have read the version before a commit the watch had already reported, and
 a store change heard while the transaction is open is not observed at all
-until it ends (``Discovery``): nothing else wakes discovery once the commit
+until it ends (:meth:`CommitWait.awaits`): nothing else wakes discovery once the commit
 is published (the index it is published in makes no file event).
 :class:`CommitWait` asks the write lock
 (:meth:`capsuled.reader.store.OwnershipReader.writing`, one ``fcntl``) every
@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Final
 
 import anyio
+
+from capsuled.watch.changes import ChangeFeed
 
 __all__ = ["CommitWait"]
 
@@ -51,6 +53,20 @@ class CommitWait:
     def owe(self) -> None:
         """An observation saw a write transaction open: wake discovery when it ends."""
         self._owed.set()
+
+    def awaits(self, changes: ChangeFeed) -> bool:
+        """Whether the feed heard a store write alone while a writer's transaction is open:
+        then the change is taken from the feed and the commit waited out (owed).
+
+        Nothing readable changed yet, and the commit makes no event when it
+        lands: discovery observes once the lock is free, not now and again
+        then. The lock is asked only for a store event alone, not on every
+        receipt's event.
+        """
+        if changes.store_alone and self._writing() and changes.take_store_alone():
+            self.owe()
+            return True
+        return False
 
     async def run(self) -> None:
         """Wait for :meth:`owe`, then for the lock to be free, then wake; forever."""

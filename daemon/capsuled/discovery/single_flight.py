@@ -66,7 +66,7 @@ class Wanted:
     arrived_at: float  # monotonic
     max_age_s: float
     #: Monotonic: a flight begun before it never serves (a change heard then, see
-    #: :attr:`capsuled.discovery.wakeups.Sampler.stale_since`).
+    #: :attr:`capsuled.discovery.wakeups.Wakeups.stale_since`).
     begun_after: float = -math.inf
 
     def accepts(self, flight: Flight) -> bool:

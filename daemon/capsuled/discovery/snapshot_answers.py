@@ -40,7 +40,7 @@ class SnapshotAnswers:
         pending: whether changes wait to be read (the latest answer is then stale).
         stale_since: when the latest wake came (monotonic seconds) if the latest
             answer was begun before it, else None; an observation begun after
-            it serves (:attr:`capsuled.discovery.wakeups.Sampler.stale_since`).
+            it serves (:attr:`capsuled.discovery.wakeups.Wakeups.stale_since`).
         sync: the watch's read-your-writes barrier, or None.
     """
 

@@ -1,12 +1,12 @@
-"""The sampler: when discovery observes unasked, and the wake-ups that ask it to.
+"""Wake-ups: the asks to observe now, counted against the observations that serve them.
 
-An observation at once whenever the sampler is woken: by the watcher's feed
-(a receipt or the store changed) or by the exit watch (a watched process
-exited), so answers change within milliseconds of the event; one every
-``sample_interval_s`` only where something can change unannounced; a
-verification every ``verify_interval_s``. An idle daemon sleeps
-(docs/design.md §8). After an observation that failed for a shortage of
-the daemon's own (out of descriptors), it tries again after a short backoff.
+The watch's feed, the exit watch, the descendant looks and the commit wait
+call :meth:`Wakeups.wake` when they hear of a change; the sampler observes on
+it (:mod:`capsuled.discovery.sampler`). Each wake is counted, so that an
+observation knows which wakes it serves (those before it began), and a
+request knows whether the latest answer began before the latest wake
+(:attr:`Wakeups.stale_since`): that answer may miss what the wake announced,
+and only an observation begun after it serves (docs/design.md §5, §7).
 """
 
 from __future__ import annotations
@@ -14,72 +14,23 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final
 
 import anyio
 import anyio.from_thread
-import structlog
 
-from capsule_client.protocol import StatusTotals, VerificationStatus
-from capsuled.reader import Verified
-
-__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "Sampler", "count_verification"]
-
-log = structlog.get_logger("capsuled.discovery")
-
-#: The first retry after an observation short of descriptors or memory, and the
-#: longest wait between two (docs/design.md §8): back within a second of relief.
-RETRY_FIRST_S: Final = 0.05
-RETRY_MAX_S: Final = 0.5
+__all__ = ["Wakeups"]
 
 
-class Sampler:
-    """Wake-ups, counted, and the loop that observes on them.
+class Wakeups:
+    """The wakes so far, the ones the latest observations serve, and the wait for the next."""
 
-    Args:
-        observe: one settled observation (errors already handled).
-        verify: one verification run.
-        needs_sampling: whether to observe every ``sample_interval_s`` even unwoken.
-        verifies: whether a verification is worth running now (a watch feeds the reader).
-        sample_interval_s: seconds between two sampled observations, where needed.
-        verify_interval_s: seconds between two verifications (None: never).
-    """
-
-    def __init__(
-        self,
-        *,
-        observe: Callable[[], Awaitable[None]],
-        verify: Callable[[], Awaitable[None]],
-        needs_sampling: Callable[[], bool],
-        verifies: Callable[[], bool],
-        sample_interval_s: float,
-        verify_interval_s: float | None,
-    ) -> None:
-        self._observe = observe
-        self._verify = verify
-        self._needs_sampling = needs_sampling
-        self._verifies = verifies
-        self.sample_interval_s = sample_interval_s
-        self._verify_interval_s = verify_interval_s
-        self.first_observation = anyio.Event()
+    def __init__(self) -> None:
         self._wake = anyio.Event()
         self._wakes = 0  # wake() calls so far
         self._served = 0  # wake() calls before the latest observation began
         self._answered = 0  # wake() calls before the latest published observation began
         self._woken_at = -math.inf  # the latest wake() call, monotonic seconds
         self._loop_thread: int | None = None
-        #: Seconds until the next try after a shortage (None: no shortage).
-        self.retry_s: float | None = None
-
-    def short(self) -> None:
-        """The latest observation failed for a shortage of the daemon's own: try again
-        soon, backing off from :data:`RETRY_FIRST_S` to :data:`RETRY_MAX_S` (docs/design.md §8)."""
-        self.retry_s = RETRY_FIRST_S if self.retry_s is None else min(self.retry_s * 2, RETRY_MAX_S)
-
-    def recovered(self) -> None:
-        """The latest observation was not short of anything."""
-        self.retry_s = None
 
     def wake(self) -> None:
         """Observe again now instead of at the next sample.
@@ -123,64 +74,19 @@ class Sampler:
         self._answered = max(self._answered, served)
 
     @property
+    def owed(self) -> bool:
+        """Whether a wake came after the latest observation began: another is owed now."""
+        return self._wakes != self._served
+
+    @property
     def stale_since(self) -> float | None:
         """When the latest wake came (monotonic seconds) if the latest published answer
         was begun before it, else None: that answer may miss what the wake announced,
         and an observation begun after it is owed (it is running or about to)."""
         return self._woken_at if self._wakes > self._answered else None
 
-    async def run(self) -> None:
-        """Observe, then wait for a wake, the next sample or the next verification; forever."""
-        interval_s = math.inf if self._verify_interval_s is None else self._verify_interval_s
-        next_verify = time.monotonic() + interval_s
-        while True:
-            await self._observe()
-            self.first_observation.set()
-            # A wake after the latest observation began (it drains the feed and
-            # samples after it starts) owes another one now; else wait for one,
-            # or for the next sample where exits are not all events.
-            if self._wakes == self._served:
-                wake = self._wake = anyio.Event()
-                wait_s = next_verify - time.monotonic()
-                if self._needs_sampling():
-                    wait_s = min(wait_s, self.sample_interval_s)
-                if self.retry_s is not None:
-                    wait_s = min(wait_s, self.retry_s)
-                with anyio.move_on_after(max(wait_s, 0.0)):
-                    await wake.wait()
-            if time.monotonic() >= next_verify:
-                next_verify = time.monotonic() + interval_s
-                if self._verifies():  # without a watch every observation walks
-                    await self._verify()
-
-
-def count_verification(
-    verified: Verified,
-    status: VerificationStatus,
-    totals: StatusTotals,
-    *,
-    watcher: str,
-    on_missed: Callable[[], None] | None,
-) -> None:
-    """Count one verification run into ``status`` and ``totals``.
-
-    Changes it found the watch missed are logged at warning, and
-    ``on_missed`` is called (the watch rechecks itself).
-    """
-    found = len(verified.missed)
-    totals.verifications += 1
-    totals.verification_changes += found
-    status.runs += 1
-    status.changes_found += found
-    status.last_at = time.time()
-    status.last_changes = found
-    status.last_checked = verified.checked
-    if found:
-        log.warning(
-            "verification found changes the watch did not report",
-            changes=found,
-            paths=verified.missed[:10],
-            watcher=watcher,
-        )
-        if on_missed is not None:
-            on_missed()
+    async def wait(self, timeout_s: float) -> None:
+        """Return at the next wake, or once ``timeout_s`` passed."""
+        wake = self._wake = anyio.Event()
+        with anyio.move_on_after(max(timeout_s, 0.0)):
+            await wake.wait()

@@ -1,9 +1,9 @@
 """The supervisor: one anyio task group and the daemon's lifecycle (docs/design.md §8).
 
 Start-up binds the socket, starts each service with ``tg.start`` (so a bind
-error reaches the caller and "ready" means ready): session discovery (the
-reader, its sampler and the exit watch, :mod:`capsuled.discovery.discovery`), the
-subscriptions it feeds (:mod:`capsuled.discovery.subscriptions`), the watcher, then
+error reaches the caller and "ready" means ready): the watcher, session
+discovery (:func:`build_discovery` builds it from its parts, :mod:`capsuled.discovery`),
+the subscriptions it feeds (:mod:`capsuled.discovery.subscriptions`), then
 the server; then it waits for a shutdown (:class:`capsuled.service.lifecycle.Lifecycle`,
 the one shutdown state). The daemon is the composition root: it builds the
 services and hands each method handler (:mod:`capsuled.handlers`) only what
@@ -23,6 +23,8 @@ import functools
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import structlog
@@ -30,10 +32,16 @@ from anyio import open_signal_receiver  # imported now: a lazy import needs a de
 from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
-from capsule_client.protocol import NoParams, StatusTotals
+from capsule_client.protocol import NoParams, StatusTotals, WatcherMode
 from capsuled.common.shortage import is_shortage, shortage_gap
+from capsuled.discovery.commit_wait import CommitWait
 from capsuled.discovery.discovery import Discovery
+from capsuled.discovery.home_reader import HomeReader
+from capsuled.discovery.latest_answer import LatestAnswer
 from capsuled.discovery.subscriptions import SubscriptionHub
+from capsuled.discovery.verification_runs import VerificationRuns
+from capsuled.discovery.wake_sources import WakeSources
+from capsuled.discovery.wakeups import Wakeups
 from capsuled.handlers import method_table
 from capsuled.handlers.metrics import metrics_handler
 from capsuled.handlers.reconcile import Reconciles
@@ -51,6 +59,9 @@ from capsuled.metrics.collector import (
     TextfileWriter,
     count_reconcile,
 )
+from capsuled.processes.descendants import MAX_TRACKED_PIDFDS
+from capsuled.processes.exits import DEFAULT_MAX_PIDFDS, ExitWatch
+from capsuled.processes.looks import DescendantLooks
 from capsuled.rpc import sockets
 from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.rpc.peers import refuse_peer
@@ -64,13 +75,85 @@ from .config import Config
 from .home_setup import ensure_home
 from .lifecycle import Lifecycle
 
-__all__ = ["Daemon", "StartupError"]
+__all__ = ["Daemon", "StartupError", "build_discovery"]
 
 log = structlog.get_logger("capsuled")
 
 
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
+
+
+def build_discovery(
+    home: Path,
+    *,
+    sample_interval_s: float = 1.0,
+    totals: StatusTotals | None = None,
+    changes: ChangeFeed | None = None,
+    watcher_mode: Callable[[], WatcherMode] = lambda: "off",
+    max_pidfds: int = DEFAULT_MAX_PIDFDS,
+    descendant_pidfds: int = MAX_TRACKED_PIDFDS,
+    exit_events: bool | None = None,
+    sync: Callable[[], Awaitable[None]] | None = None,
+    verify_interval_s: float | None = 30.0,
+    on_missed: Callable[[], None] | None = None,
+) -> Discovery:
+    """Session discovery of ``home``, built from its parts (docs/design.md §5, §8).
+
+    Args:
+        home: the capsule home (docs/design.md §2).
+        sample_interval_s: seconds between two sampler observations where
+            something can change unannounced; then also the most age of the
+            answer a ``sessions.snapshot`` without ``max_age_ms`` gets.
+        totals: the daemon's counters; observations, rescans, reader restarts
+            and verification runs are counted into it. New when omitted.
+        changes: the feed the watcher fills; a new one when omitted.
+        watcher_mode: what the watcher does now (``native``, ``polling`` or
+            ``off``), asked before each use; ``off`` when omitted.
+        max_pidfds: exit descriptors held at most (``capsuled.processes.exits``).
+        descendant_pidfds: descriptors the descendants tracker holds at most
+            (``capsuled.processes.descendants``).
+        exit_events: False leaves exits to sampling; None uses pidfds where
+            the system has them.
+        sync: the watch's read-your-writes barrier (``HomeWatcher.sync``):
+            awaited before an observation for ``max_age_ms: 0`` and before
+            each verification; none when omitted.
+        verify_interval_s: seconds between two verification runs (``None``:
+            never), while a watcher feeds the reader.
+        on_missed: called (on the event loop) when a verification found
+            changes the watch missed (``HomeWatcher.recheck``).
+    """
+    totals = StatusTotals() if totals is None else totals
+    reader = HomeReader(
+        home,
+        ChangeFeed() if changes is None else changes,
+        totals=totals,
+        descendant_pidfds=descendant_pidfds,
+    )
+    wakeups = Wakeups()
+    sources = WakeSources(
+        ExitWatch(wakeups.wake, max_pidfds=max_pidfds, enabled=exit_events),
+        DescendantLooks(
+            look=reader.look,
+            active=reader.descendants_active,
+            wake=wakeups.wake,
+            owed=reader.owes_table,
+        ),
+        CommitWait(writing=reader.writing, wake=wakeups.wake),
+    )
+    verification = VerificationRuns(
+        totals, interval_s=verify_interval_s, sync=sync, on_missed=on_missed
+    )
+    return Discovery(
+        reader,
+        wakeups=wakeups,
+        sources=sources,
+        verification=verification,
+        latest=LatestAnswer(),
+        watcher_mode=watcher_mode,
+        sync=sync,
+        sample_interval_s=sample_interval_s,
+    )
 
 
 class Daemon:
@@ -84,7 +167,8 @@ class Daemon:
     Attributes:
         lifecycle: the one shutdown state; ``lifecycle.exit_status`` is the
             process's exit status once :meth:`run` returns.
-        discovery: session discovery (:class:`capsuled.discovery.discovery.Discovery`).
+        discovery: session discovery (:class:`capsuled.discovery.discovery.Discovery`,
+            built by :func:`build_discovery`).
         methods: the method table the dispatcher serves.
     """
 
@@ -108,7 +192,7 @@ class Daemon:
             rescan_at_start=False,
         )
         watcher = self.watcher
-        self.discovery = Discovery(
+        self.discovery = build_discovery(
             config.home,
             sample_interval_s=config.sample_interval_s,
             totals=self.totals,
