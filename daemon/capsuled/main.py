@@ -17,7 +17,7 @@ from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery import heap
 from capsuled.service import logs
 from capsuled.service.config import Config, ConfigError, parse_args
-from capsuled.service.supervisor import Daemon, StartupError
+from capsuled.service.supervisor import StartupError, Supervisor
 
 __all__ = ["main"]
 
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(config: Config) -> int:
-    # The daemon makes anyio primitives, so it is built inside the event loop.
-    daemon = Daemon(config)
-    await daemon.run()
-    return daemon.lifecycle.exit_status
+    # The supervisor makes anyio primitives, so it is built inside the event loop.
+    supervisor = Supervisor(config)
+    await supervisor.run()
+    return supervisor.lifecycle.exit_status

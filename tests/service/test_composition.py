@@ -18,12 +18,12 @@ from capsuled.errors import ShuttingDown
 from capsuled.handlers.reconcile import Reconciles
 from capsuled.service.config import Config
 from capsuled.service.lifecycle import Lifecycle
-from capsuled.service.supervisor import Daemon
+from capsuled.service.supervisor import Supervisor
 
 
 def test_the_method_table_serves_every_method_of_the_protocol(short_dir: Path) -> None:
-    async def build() -> Daemon:  # the daemon makes anyio primitives: built in a loop
-        return Daemon(Config(home=short_dir / "home", socket=short_dir / "s.sock"))
+    async def build() -> Supervisor:  # the daemon makes anyio primitives: built in a loop
+        return Supervisor(Config(home=short_dir / "home", socket=short_dir / "s.sock"))
 
     daemon = anyio.run(build)
 
@@ -35,7 +35,7 @@ def test_status_reads_the_figures_it_was_given(short_dir: Path) -> None:
     home.mkdir(mode=0o700)
 
     async def status() -> StatusResult:
-        daemon = Daemon(Config(home=home, socket=short_dir / "s.sock", watch="off"))
+        daemon = Supervisor(Config(home=home, socket=short_dir / "s.sock", watch="off"))
         daemon.config = Config(home=home, socket=short_dir / "other.sock", watch="off")
         result = daemon.methods["status"].handler(NoParams())
         assert isinstance(result, StatusResult)

@@ -1,4 +1,4 @@
-"""Graceful shutdown of the real Daemon on a real socket: drain, then clean up.
+"""Graceful shutdown of the real daemon on a real socket: drain, then clean up.
 
 The rules are docs/design.md §8.
 """
@@ -16,12 +16,12 @@ from capsule_client.paths import lock_path_for
 from capsule_client.protocol import NoParams, PingResult
 from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.service.config import Config
-from capsuled.service.supervisor import Daemon
+from capsuled.service.supervisor import Supervisor
 
 SLOW = b'{"jsonrpc":"2.0","id":1,"method":"test.slow"}\n'
 
 
-class SlowDaemon(Daemon):
+class SlowDaemon(Supervisor):
     """The daemon with one more method that takes ``delay_s`` to answer."""
 
     def __init__(self, config: Config, delay_s: float) -> None:

@@ -75,7 +75,7 @@ from .config import Config
 from .home_setup import ensure_home
 from .lifecycle import Lifecycle
 
-__all__ = ["Daemon", "StartupError", "build_discovery"]
+__all__ = ["StartupError", "Supervisor", "build_discovery"]
 
 log = structlog.get_logger("capsuled")
 
@@ -156,10 +156,11 @@ def build_discovery(
     )
 
 
-class Daemon:
-    """The running daemon: the composition root of its services (docs/design.md §8).
+class Supervisor:
+    """The running daemon's composition root and its one task group (docs/design.md §8).
 
-    It builds each service once and hands each handler only what it needs.
+    It builds each service once, hands each handler only what it needs, and
+    runs them all until a shutdown.
 
     Args:
         config: what the daemon was told at start-up.
