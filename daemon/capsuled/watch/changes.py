@@ -2,7 +2,8 @@
 
 The watcher task (on the event loop) adds changed paths or asks for a rescan;
 an observation (in a worker thread) drains what has accumulated. Both sides
-may run at once, so every access takes a lock.
+may run at once, so every access takes a lock. A watch gathers what one
+look or one read of events found (:class:`ChangesFound`) and feeds it in one go.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ChangeFeed", "Changes"]
+from capsuled.home.layout import Parts
+
+__all__ = ["ChangeFeed", "Changes", "ChangesFound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +151,29 @@ class ChangeFeed:
             return (
                 self._rescan or self._store or self._home or bool(self._paths) or bool(self._moved)
             )
+
+
+@dataclass(slots=True)
+class ChangesFound:
+    """What a poller's look or a read of watch events found, fed in one go: changed paths
+    the reader cares about, the walked directories whose entries moved since their last
+    look, whether the store was written, whether the home's own mode or owner changed."""
+
+    paths: set[Parts] = field(default_factory=set)
+    moved: set[Parts] = field(default_factory=set)
+    store: bool = False
+    home: bool = False
+
+    def __bool__(self) -> bool:
+        return self.store or self.home or bool(self.paths) or bool(self.moved)
+
+    def feed(self, feed: ChangeFeed, home: str) -> None:
+        """Hand what was found to ``feed``, as absolute paths below ``home``."""
+        if self.paths:
+            feed.add(Path(home, *parts) for parts in self.paths)
+        if self.moved:
+            feed.add_moved(Path(home, *parts) for parts in self.moved)
+        if self.store:
+            feed.store_changed()
+        if self.home:
+            feed.home_changed()

@@ -34,9 +34,9 @@ from inotify_simple import INotify, flags
 from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares
 
-from .changes import ChangeFeed
+from .changes import ChangeFeed, ChangesFound
 from .cookies import Cookies
-from .polling import Look, Poller, open_directory
+from .polling import Poller, open_directory
 
 __all__ = ["InotifyWatch", "WatchLost", "WatchMap"]
 
@@ -317,7 +317,7 @@ class InotifyWatch:
         )
         self._polled.add(parts)
         self._map.note(parts)
-        self._poller.look(parts, Look(), report=False)
+        self._poller.look(parts, ChangesFound(), report=False)
         # What was created before the first look is the reader's to find.
         self._feed.add([self._absolute(parts)])
 
@@ -359,7 +359,7 @@ class InotifyWatch:
                 next_poll = time.monotonic() + self._poll_interval_s
 
     def _handle(self, inotify: INotify) -> None:
-        look = Look()
+        found = ChangesFound()
         for event in inotify.read(timeout=0):
             if event.mask & flags.Q_OVERFLOW:
                 self._overflowed()
@@ -370,11 +370,11 @@ class InotifyWatch:
             if event.mask & _GONE:
                 self._watch_gone(parts, event.mask)
             elif event.name:
-                self._entry_changed((*parts, event.name), event.mask, look)
+                self._entry_changed((*parts, event.name), event.mask, found)
             elif not parts and event.mask & flags.ATTRIB:
-                look.home = True  # its mode or owner: its strictness (docs/design.md §3)
+                found.home = True  # its mode or owner: its strictness (docs/design.md §3)
             # A subdirectory's own chmod or chown says nothing its entries' events do not.
-        self._flush(look)
+        self._flush(found)
 
     def _watch_gone(self, parts: Parts, mask: int) -> None:
         """The watched directory itself was removed, moved or unmounted."""
@@ -385,18 +385,18 @@ class InotifyWatch:
             # or gone: its watch, and any below it, stand for nothing now.
             self._forget_below(parts)
 
-    def _entry_changed(self, child: Parts, mask: int, look: Look) -> None:
-        """One event about an entry of a watched directory, into ``look``."""
+    def _entry_changed(self, child: Parts, mask: int, found: ChangesFound) -> None:
+        """One event about an entry of a watched directory, into ``found``."""
         name = child[-1]
         if name.startswith("."):
             if len(child) == 1 and self._cookies.ours(name):
-                self._flush(look)  # everything before the cookie is fed first
-                look.paths.clear()
-                look.store = look.home = False
+                self._flush(found)  # everything before the cookie is fed first
+                found.paths.clear()
+                found.store = found.home = False
                 self._cookies.arrived(name)
             return
         if child in STORE_FILES:
-            look.store = True
+            found.store = True
             return
         if mask & flags.ISDIR:
             if mask & _LEFT:
@@ -409,10 +409,10 @@ class InotifyWatch:
                 # events do not; fed, it would make the reader walk for nothing.
                 return
         if reader_cares(child):
-            look.paths.add(child)
+            found.paths.add(child)
 
-    def _flush(self, look: Look) -> None:
-        look.feed(self._feed, self._home)
+    def _flush(self, found: ChangesFound) -> None:
+        found.feed(self._feed, self._home)
 
     def _overflowed(self) -> None:
         self.overflows += 1
@@ -427,7 +427,7 @@ class InotifyWatch:
 
     def _poll_unwatched(self) -> None:
         """Retry each unwatched directory; poll the ones that still cannot be watched."""
-        look = Look()
+        found = ChangesFound()
         for parts in sorted(self._polled):
             wd = self._add(parts)
             if wd is not None:
@@ -435,11 +435,11 @@ class InotifyWatch:
                 self._feed.add([self._absolute(parts)])  # what came meanwhile
                 self._add_below(parts)
             elif parts in self._polled:
-                for child in self._poller.look(parts, look):
+                for child in self._poller.look(parts, found):
                     if child not in self._map and child not in self._polled:
                         if self._add(child) is not None or child in self._polled:
                             self._add_below(child)
-        self._flush(look)
+        self._flush(found)
 
     def _absolute(self, parts: Parts) -> Path:
         return Path(self._home, *parts)

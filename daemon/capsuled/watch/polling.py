@@ -12,16 +12,14 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final, TypeAlias
 
 from capsuled.common.shortage import is_shortage
 from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares, walked
 
-from .changes import ChangeFeed
+from .changes import ChangesFound
 
-__all__ = ["HomeMissing", "Look", "Poller", "open_directory"]
+__all__ = ["HomeMissing", "Poller", "open_directory"]
 
 #: What one entry looked like: (inode, type and mode, size, mtime_ns, ctime_ns);
 #: for a directory only its inode and type (what changes below it is its own look).
@@ -51,32 +49,6 @@ class HomeMissing(Exception):
     """The home is gone or is no longer the directory the poller started on."""
 
 
-@dataclass(slots=True)
-class Look:
-    """What a look found: changed paths the reader cares about, the walked directories
-    whose entries moved since their last look, whether the store was written, whether
-    the home's own mode or owner changed."""
-
-    paths: set[Parts] = field(default_factory=set)
-    moved: set[Parts] = field(default_factory=set)
-    store: bool = False
-    home: bool = False
-
-    def __bool__(self) -> bool:
-        return self.store or self.home or bool(self.paths) or bool(self.moved)
-
-    def feed(self, feed: ChangeFeed, home: str) -> None:
-        """Hand what was found to ``feed``, as absolute paths below ``home``."""
-        if self.paths:
-            feed.add(Path(home, *parts) for parts in self.paths)
-        if self.moved:
-            feed.add_moved(Path(home, *parts) for parts in self.moved)
-        if self.store:
-            feed.store_changed()
-        if self.home:
-            feed.home_changed()
-
-
 class Poller:
     """Remembers each looked-at directory's entries and reports what differs next time.
 
@@ -85,7 +57,7 @@ class Poller:
     that came after the look and went before the next one, which no two
     looks tell apart. Such an entry moves its directory's ``mtime``, so a
     walked directory whose ``mtime`` moved since its last look (or had changed
-    within the racy window before that look) is reported in ``Look.moved``: the
+    within the racy window before that look) is reported in ``ChangesFound.moved``: the
     reader checks again what it holds below it (docs/watcher.md).
 
     Args:
@@ -109,13 +81,13 @@ class Poller:
         """Directories looked at now."""
         return len(self._seen)
 
-    def walk(self) -> Look:
+    def walk(self) -> ChangesFound:
         """Look at every entered directory from the home down.
 
         The first walk only remembers (it reports nothing). A directory that
         appeared is looked at in the same walk; one that went away is forgotten.
 
-        The home's own mode and owner are compared too (``Look.home``): its
+        The home's own mode and owner are compared too (``ChangesFound.home``): its
         strictness is checked by each observation (docs/design.md §3).
 
         Raises:
@@ -132,23 +104,23 @@ class Poller:
             raise HomeMissing("the home was replaced")
         first = self._home_identity is None
         self._home_identity = identity
-        look = Look()
+        found = ChangesFound()
         owner = (st.st_mode, st.st_uid)
-        look.home = not first and owner != self._home_owner
+        found.home = not first and owner != self._home_owner
         self._home_owner = owner
         present: set[Parts] = set()
         pending: list[Parts] = [()]
         while pending:
             parts = pending.pop()
             present.add(parts)
-            children = self.look(parts, look, report=not first)
+            children = self.look(parts, found, report=not first)
             pending.extend(children)
         for gone in [parts for parts in self._seen if parts not in present]:
             self.forget(gone)
-        return look
+        return found
 
-    def look(self, parts: Parts, look: Look, *, report: bool = True) -> list[Parts]:
-        """Look at one directory: add what differs from last time to ``look``.
+    def look(self, parts: Parts, found: ChangesFound, *, report: bool = True) -> list[Parts]:
+        """Look at one directory: add what differs from last time to ``found``.
 
         A directory never looked at before reports every entry (unless
         ``report`` is false: then it only remembers them). A file that changed
@@ -168,9 +140,9 @@ class Poller:
         # Files (a directory's signature has no stamps) changed within the racy window.
         young = {name for name, sig in now.items() if max(sig[3], sig[4]) >= racy_after}
         self._seen[parts] = now
-        self._compare(parts, before or {}, now, young, look if report else None)
+        self._compare(parts, before or {}, now, young, found if report else None)
         if self._stamp(parts, stamp, racy_after) and report and before is not None:
-            look.moved.add(parts)
+            found.moved.add(parts)
         return children
 
     def _stamp(self, parts: Parts, stamp: int | None, racy_after: int) -> bool:
@@ -195,19 +167,19 @@ class Poller:
         old: dict[str, _EntrySignature],
         now: dict[str, _EntrySignature],
         young: set[str],
-        look: Look | None,
+        found: ChangesFound | None,
     ) -> None:
-        """Report into ``look`` (None: report nothing) what differs, and the files that were
+        """Report into ``found`` (None: report nothing) what differs, and the files that were
         racy at the previous look; remember the ones racy now."""
         racy_before = self._racy.pop(parts, set())
         # Racy until a later look confirms it: a young file that changed (or is new) now.
         racy = {name for name in young if now[name] != old.get(name)}
         if racy:
             self._racy[parts] = racy
-        if look is not None:
+        if found is not None:
             for name in now.keys() | old.keys():
                 if now.get(name) != old.get(name) or name in racy_before:
-                    _report(look, (*parts, name))
+                    _report(found, (*parts, name))
 
     def forget(self, parts: Parts) -> None:
         """Stop remembering the directory at ``parts`` (it is watched now, or gone)."""
@@ -276,8 +248,8 @@ def _children(parts: Parts, before: dict[str, _EntrySignature] | None) -> list[P
     ]
 
 
-def _report(look: Look, parts: Parts) -> None:
+def _report(found: ChangesFound, parts: Parts) -> None:
     if parts in STORE_FILES:
-        look.store = True
+        found.store = True
     elif reader_cares(parts):
-        look.paths.add(parts)
+        found.paths.add(parts)

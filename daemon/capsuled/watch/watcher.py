@@ -27,9 +27,9 @@ from capsule_client.protocol import WatcherMode, WatchStatus
 from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 from capsuled.home.layout import reader_cares
 
-from .changes import ChangeFeed
+from .changes import ChangeFeed, ChangesFound
 from .inotify import InotifyWatch, WatchLost
-from .polling import HomeMissing, Look, Poller
+from .polling import HomeMissing, Poller
 
 __all__ = ["WATCH_MODES", "Backend", "HomeWatcher", "reader_cares"]
 
@@ -119,10 +119,10 @@ class _PollingWatch:
     async def _pass(self) -> None:
         async with self._lock:
             try:
-                look: Look = await anyio.to_thread.run_sync(self._poller.walk)
+                found: ChangesFound = await anyio.to_thread.run_sync(self._poller.walk)
             except HomeMissing as exc:
                 raise WatchLost(str(exc)) from exc
-        look.feed(self._feed, self._home)
+        found.feed(self._feed, self._home)
 
 
 class HomeWatcher:
