@@ -192,7 +192,7 @@ def test_a_change_still_carrying_the_stamps_it_was_read_with_is_not_dated(tmp_pa
     """A ``stat`` during ``open(O_TRUNC)`` sees the new size before the new times: a change
     whose file still has the stamps of the version read before cannot be dated, so it is
     not counted as missed (the watch reports it once the write ends)."""
-    from capsuled.reader.walk import _changed_before
+    from capsuled.reader.verification import _changed_before
 
     path = tmp_path / "c1.json"
     path.write_bytes(b"{}")

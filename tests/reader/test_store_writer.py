@@ -14,7 +14,7 @@ import pytest
 
 from capsule_client.store import OwnershipStore
 from capsuled.reader.store import OwnershipReader
-from capsuled.reader.store_writer import WriterProbe
+from capsuled.reader.writer_probe import WriterProbe
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the probe tells only on Linux"

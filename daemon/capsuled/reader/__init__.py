@@ -3,13 +3,17 @@
 The package is split by job: :mod:`~capsuled.reader.home` (the home's
 identity), :mod:`~capsuled.reader.walk` and :mod:`~capsuled.reader.receipts`
 (walking the receipt places, reading receipts),
-:mod:`~capsuled.reader.candidates` (the live receipts and the pid index),
-:mod:`~capsuled.reader.ownership` (the store's rows),
-:mod:`~capsuled.reader.store` and :mod:`~capsuled.reader.store_writer` (the
+:mod:`~capsuled.reader.listings` (what each walked directory held),
+:mod:`~capsuled.reader.verification` (what the walks saw, compared with what
+is there now), :mod:`~capsuled.reader.candidates` (the live receipts and the
+pid index), :mod:`~capsuled.reader.ownership` (the store's rows),
+:mod:`~capsuled.reader.store` and :mod:`~capsuled.reader.writer_probe` (the
 store read-only, and whether a writer's transaction is open),
+:mod:`~capsuled.reader.lineage` (the sessions' descendants),
 :mod:`~capsuled.reader.projection` (candidates, rows and a process sample
-into the answer's lists), :mod:`~capsuled.reader.errors` (the bounded error
-list), :mod:`~capsuled.reader.generations` (numbering answers) and
+into the answer's lists), :mod:`~capsuled.reader.errors` (the bounded list
+of path errors, and why an observation cannot answer),
+:mod:`~capsuled.reader.generations` (numbering answers) and
 :mod:`~capsuled.reader.observe` (one observation, tying them together).
 """
 
@@ -22,7 +26,7 @@ from .home import GAP_HOME_REPLACED
 from .lineage import Lineage
 from .observe import GAP_CATCHING_UP, GAP_MOVED, ActiveSessionReader, Observation
 from .projection import PROCESS_TOLERANCE_S
-from .walk import Verified
+from .verification import Verified
 
 __all__ = [
     "GAP_CATCHING_UP",

@@ -23,9 +23,9 @@ __all__ = [
     "GAP_TOO_MANY_ERRORS",
     "MAX_ERRORS",
     "MAX_ERROR_BYTES",
-    "Error",
     "Errors",
     "ObservationCancelled",
+    "PathError",
     "Shortage",
     "Unavailable",
     "describe",
@@ -78,7 +78,7 @@ def describe(error: OSError) -> str:
 
 
 @dataclass(slots=True)
-class Error:
+class PathError:
     """Why one path could not be read.
 
     ``kind`` is None for a directory or the servers registry; ``signature``
@@ -99,7 +99,7 @@ class Errors:
     """
 
     def __init__(self) -> None:
-        self._by_path: dict[str, Error] = {}
+        self._by_path: dict[str, PathError] = {}
         self._bytes = 0
         self.revision = 0
 
@@ -112,7 +112,7 @@ class Errors:
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_path)
 
-    def get(self, path: str) -> Error | None:
+    def get(self, path: str) -> PathError | None:
         return self._by_path.get(path)
 
     def receipts(self) -> list[str]:
@@ -140,7 +140,7 @@ class Errors:
             return
         self.clear(path)
         self.revision += 1
-        self._by_path[path] = Error(message, kind, signature)
+        self._by_path[path] = PathError(message, kind, signature)
         self._bytes += _size(path, message)
         if len(self._by_path) > MAX_ERRORS or self._bytes > MAX_ERROR_BYTES:
             raise Unavailable(GAP_TOO_MANY_ERRORS)

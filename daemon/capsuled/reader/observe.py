@@ -86,7 +86,8 @@ from .ownership import Owners
 from .projection import PROCESS_TOLERANCE_S, Answer, Inputs, Projection
 from .receipts import ReceiptReader
 from .store import OwnershipReader, StoreUnavailable, StoreVersion
-from .walk import Verified, Walk
+from .verification import Verification, Verified
+from .walk import Walk
 
 __all__ = ["GAP_CATCHING_UP", "GAP_MOVED", "ActiveSessionReader", "Observation"]
 
@@ -202,6 +203,7 @@ class ActiveSessionReader:
         self._errors = Errors()
         self._receipts = ReceiptReader(self._home, self._candidates, self._errors, self._cancel)
         self._walk = Walk(self._receipts)
+        self._verification = Verification(self._walk)
         self._owners = Owners()
         self._projection = Projection()
         self._pending: set[str] = set()
@@ -375,7 +377,7 @@ class ActiveSessionReader:
             moved_dirs, self._moved_dirs = self._moved_dirs, set()
             self._walk.recheck_below(moved_dirs)
             if verify_barrier_ns is not None:
-                verified = self._walk.verify(verify_barrier_ns)
+                verified = self._verification.verify(verify_barrier_ns)
             elif not self.trust_watcher:
                 self._walk.recheck_all()
         return version, verified

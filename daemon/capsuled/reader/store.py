@@ -39,7 +39,7 @@ from typing import Final, TypeVar
 from capsule_client.store import USER_VERSION
 from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
-from .store_writer import WriterProbe
+from .writer_probe import WriterProbe
 
 __all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
 
@@ -139,7 +139,7 @@ class OwnershipReader:
         """Whether a writer's transaction is open now: a commit heard may not be readable yet.
 
         Ask it before :meth:`version`: free then, every commit the watch has
-        reported is in that version (``capsuled.reader.store_writer``). Thread-safe.
+        reported is in that version (``capsuled.reader.writer_probe``). Thread-safe.
         """
         return self._writer.writing()
 

@@ -1,12 +1,11 @@
-"""Walking the receipt places: from scratch, one changed path, or a verification.
+"""Walking the receipt places: from scratch, or one changed path (docs/design.md §5 step 1).
 
 A walk lists ``runs`` and ``runtime/exec-processes`` and the directories
 below them that :func:`~capsuled.home.layout.walked` names, never through a
-symlink, and reads every receipt it finds (the original ``scan``). A changed
-path the watcher reported is brought up to date alone (the original
-``reconcile``); a changed run or input directory is listed again from
-scratch. A verification compares every listed directory and every candidate
-with what was last seen and reads again what differs (docs/design.md §5).
+symlink, and reads every receipt it finds. A changed path the watcher
+reported is brought up to date alone; a changed run or input directory is
+listed again from scratch. What a walk saw is what a verification compares
+(:mod:`capsuled.reader.verification`).
 """
 
 from __future__ import annotations
@@ -14,28 +13,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 
 from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
 
 from .errors import describe, raise_if_short
-from .listings import RACY_MARGIN_NS, Listings
+from .listings import Listings
 from .receipts import ReceiptReader
 
-__all__ = ["Verified", "Walk"]
-
-
-@dataclass(frozen=True, slots=True)
-class Verified:
-    """What a verification found (docs/design.md §5 "Verification").
-
-    Attributes:
-        checked: directories and candidates (and errored receipts) compared.
-        missed: paths whose change the watch had not reported, sorted.
-    """
-
-    checked: int
-    missed: list[str]
+__all__ = ["Walk"]
 
 
 class Walk:
@@ -79,7 +64,7 @@ class Walk:
             self.apply(path)
 
     def apply(self, path: str) -> None:
-        """Bring one changed path up to date (the original ``reconcile``)."""
+        """Bring one changed path up to date."""
         parts = self.home.parts(path)
         what = action(parts)
         if what is Action.SERVERS:
@@ -121,105 +106,6 @@ class Walk:
         for path in self.errors.directories():
             if path.startswith(below) and not os.path.lexists(path):
                 self.errors.clear(path)
-
-    def verify(self, barrier_ns: int) -> Verified:
-        """Compare listed directories and candidates with what was last seen; re-read what differs.
-
-        Costs a ``stat`` per listed directory and per candidate (and errored
-        receipt), plus a listing of each directory whose signature moved: it
-        grows with directories and candidates, not with stale receipts.
-        A difference older than ``barrier_ns`` (Unix ns) is one the watch missed.
-        """
-        older = barrier_ns - RACY_MARGIN_NS
-        missed: list[str] = []
-        checked = self._verify_listings(barrier_ns, missed)
-        for path in self.errors.directories():
-            checked += 1
-            if not os.path.lexists(path):  # a directory's error, the directory gone
-                self.errors.clear(path)
-                if _older_than(path, older):
-                    missed.append(path)
-        receipts = self.errors.receipts()
-        for path in [*(self.home.join(key) for key in self.candidates), *receipts]:
-            checked += 1
-            before = self.changes()
-            stamps = self._stamps_read(path)
-            self.receipts.recheck(path)
-            if self.changes() != before and _changed_before(path, stamps, older):
-                missed.append(path)
-        self.receipts.recheck_servers()
-        return Verified(checked, sorted(set(missed)))
-
-    def _verify_listings(self, barrier_ns: int, missed: list[str]) -> int:
-        """The roots and every listed directory compared; what differs read. Returns the count."""
-        checked = 0
-        older = barrier_ns - RACY_MARGIN_NS
-        for parts in ((RUNS,), EXEC_PARTS):  # a root that was missing at its last walk
-            root = self.home.join(*parts)
-            checked += 1
-            if root not in self.listings and self._is_real_directory(parts):
-                self.rescan = True  # what a change to it asks, as an event would
-                if _older_than(root, older):
-                    missed.append(root)
-        for directory in self.listings.paths():
-            self.receipts.check_cancelled()
-            checked += 1
-            differing = self.listings.differing(directory, barrier_ns, self._matters)
-            for path, racy in differing or ():
-                if self._listed_as_is(path):
-                    continue  # its own listing is compared in this loop (or was just taken)
-                before = self.changes()
-                self.apply(path)
-                # A change during this run (its entry's own stamps are young)
-                # is still on its way through the watch: not a miss.
-                if self.changes() != before and not racy and _older_than(path, older):
-                    missed.append(path)
-        return checked
-
-    def _stamps_read(self, path: str) -> tuple[int, int] | None:
-        """The (``mtime_ns``, ``ctime_ns``) of the version of a candidate or errored
-        receipt that was read last, None if it has no signature."""
-        candidate = self.candidates.get(self.home.key(path))
-        if candidate is not None:
-            signature = candidate.signature
-        else:
-            error = self.errors.get(path)
-            signature = None if error is None else error.signature
-        return None if signature is None else (signature.mtime_ns, signature.ctime_ns)
-
-    def _listed_as_is(self, path: str) -> bool:
-        """Whether ``path`` is a directory listed already, by the inode it has now.
-
-        A directory the watch reported was listed then, but its parent's
-        listing still lacks it: the parent differs at the next verification.
-        Listing it again from there would find changes made after the
-        barrier inside it, yet judge their age by the directory's own stamps
-        (an in-place rewrite of a receipt leaves them old): a false miss. Its
-        own listing and its candidates are compared in this run anyway.
-        """
-        listed = self.listings.inode(path)
-        if listed is None:
-            return False
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return False
-        return stat.S_ISDIR(st.st_mode) and st.st_ino == listed
-
-    def _is_real_directory(self, parts: Parts) -> bool:
-        """Whether ``parts`` is a directory reached from the home through no symlink."""
-        for depth in range(1, len(parts) + 1):
-            try:
-                st = os.lstat(self.home.join(*parts[:depth]))
-            except OSError:
-                return False
-            if not stat.S_ISDIR(st.st_mode):
-                return False
-        return True
-
-    def _matters(self, path: str) -> bool:
-        """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
-        return action(self.home.parts(path)) is not Action.IGNORE
 
     def _relist(self, path: str, parts: Parts) -> None:
         """List a walked directory from scratch.
@@ -264,7 +150,7 @@ class Walk:
         self.errors.clear_under(path)
 
     def _scan(self, path: str, parts: Parts) -> None:
-        """List a directory of the receipt places, never through a link (the original ``scan``)."""
+        """List a directory of the receipt places, never through a link."""
         self.receipts.check_cancelled()
         try:
             st = os.lstat(path)
@@ -312,36 +198,3 @@ class Walk:
         # is an error for that path, as it is when the watcher reports it.
         if kind is not None:
             self.receipts.read(entry.path, kind)
-
-
-def _changed_before(path: str, stamps: tuple[int, int] | None, moment_ns: int) -> bool:
-    """Whether the change found at ``path`` (re-read by verification) is older than ``moment_ns``.
-
-    ``stamps`` are the (``mtime_ns``, ``ctime_ns``) of the version read
-    before. A file that still carries them changed without stamps of its
-    own yet: a write in progress (a ``stat`` during ``open(O_TRUNC)`` sees
-    the new size before the new times) or a second write in the same
-    timestamp tick. Such a change cannot be dated, so it is not counted as
-    missed: the watch reports it when it ends (docs/design.md §5).
-    """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return _older_than(path, moment_ns)
-    if stamps is not None and (st.st_mtime_ns, st.st_ctime_ns) == stamps:
-        return False
-    return max(st.st_mtime_ns, st.st_ctime_ns) < moment_ns
-
-
-def _older_than(path: str, moment_ns: int) -> bool:
-    """Whether the entry at ``path`` last changed before ``moment_ns`` (gone: yes)."""
-    while True:
-        try:
-            st = os.lstat(path)
-            break
-        except OSError:  # gone: when the nearest directory still there last changed says when
-            parent = os.path.dirname(path)
-            if parent == path:
-                return True
-            path = parent
-    return max(st.st_mtime_ns, st.st_ctime_ns) < moment_ns
