@@ -32,11 +32,11 @@ from capsuled.metrics.collector import (
     LATENCY_BUCKETS_S,
     DaemonCollector,
     RequestMetrics,
-    TextfileWriter,
     count_reconcile,
     count_terminated,
     exposition,
 )
+from capsuled.metrics.textfile import TextfileWriter
 
 pytestmark = pytest.mark.anyio
 

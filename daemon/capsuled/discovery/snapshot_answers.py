@@ -19,8 +19,7 @@ import msgspec
 from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_commands
-from capsuled.processes.sample import UsageMeter
-from capsuled.processes.usage import with_usage
+from capsuled.processes.usage import UsageMeter, with_usage
 
 from .encoded_answer import EncodedAnswer, encoder
 from .latest_answer import LatestAnswer

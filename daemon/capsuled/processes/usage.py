@@ -1,19 +1,60 @@
 """Usage: a snapshot whose processes carry their CPU share and resident memory (``usage: true``).
 
-Measured for one request, in a worker thread, by
-:class:`~capsuled.processes.sample.UsageMeter` (docs/design.md §7).
+Measured for one request, in a worker thread, by :class:`UsageMeter`
+(docs/design.md §7).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
+
 import anyio
 import msgspec
+import psutil
 
 from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
 
-from .sample import UsageMeter
+__all__ = ["UsageMeter", "with_usage"]
 
-__all__ = ["with_usage"]
+
+class UsageMeter:
+    """CPU and memory of listed processes, measured with psutil (``usage: true``).
+
+    ``cpu_percent`` is the CPU time used since this meter last measured the
+    same process, over the wall time between (100 = one core busy), as
+    ``psutil.Process.cpu_percent(interval=None)`` computes it; the first
+    measurement of a process is 0.0. ``Process`` objects are kept per
+    (pid, start time), so a reused pid starts afresh, and only for processes
+    measured in the latest call, so the meter does not grow.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: dict[tuple[int, int], psutil.Process] = {}
+
+    def measure(self, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], tuple[float, int]]:
+        """``(pid, started_at)`` → ``(cpu_percent, rss_bytes)`` for those still running.
+
+        Blocking (psutil reads ``/proc``); run it in a worker thread.
+        """
+        with self._lock:
+            kept: dict[tuple[int, int], psutil.Process] = {}
+            usage: dict[tuple[int, int], tuple[float, int]] = {}
+            for key in keys:
+                process = self._processes.get(key)
+                try:
+                    if process is None:
+                        process = psutil.Process(key[0])
+                    with process.oneshot():
+                        cpu = process.cpu_percent(interval=None)
+                        rss = process.memory_info().rss
+                except psutil.Error:
+                    continue
+                kept[key] = process
+                usage[key] = (round(cpu, 1), rss)
+            self._processes = kept
+            return usage
 
 
 async def with_usage(answer: ActiveSessionsSnapshot, meter: UsageMeter) -> ActiveSessionsSnapshot:

@@ -16,7 +16,7 @@ from typing import Literal
 from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
 from capsule_client.protocol import WatcherMode
 from capsuled import __version__
-from capsuled.metrics.collector import TEXTFILE_MIN_INTERVAL_S
+from capsuled.metrics.textfile import TEXTFILE_MIN_INTERVAL_S
 from capsuled.watch.watcher import WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]

@@ -53,12 +53,8 @@ from capsuled.handlers.sessions import (
 )
 from capsuled.handlers.status import StatusFigures, ping, status_handler
 from capsuled.handlers.terminate import fresh_session_processes, terminate_handler
-from capsuled.metrics.collector import (
-    DaemonCollector,
-    RequestMetrics,
-    TextfileWriter,
-    count_reconcile,
-)
+from capsuled.metrics.collector import DaemonCollector, RequestMetrics, count_reconcile
+from capsuled.metrics.textfile import TextfileWriter
 from capsuled.processes.descendants import MAX_TRACKED_PIDFDS
 from capsuled.processes.exits import DEFAULT_MAX_PIDFDS, ExitWatch
 from capsuled.processes.looks import DescendantLooks
