@@ -67,7 +67,7 @@ class Kind(enum.Enum):
 
 
 class Action(enum.Enum):
-    """What a change at a path asks of the reader (the original ``reconcile``)."""
+    """What a change at a path asks of the reader (docs/design.md §5 step 1)."""
 
     IGNORE = enum.auto()  # can never change an answer
     RESCAN = enum.auto()  # a root on the way to the receipts: walk from scratch

@@ -1,65 +1,16 @@
-"""The descendants tracker: what a session's processes start is the session's (docs/design.md §5).
+"""The descendants tracker: what a session's processes start is the session's.
 
-A process is a *descendant* when its parent was, at some look, a live
-process of a session (a root — a live receipt's process or an owned
-(pid, start) row — or another descendant), or when it is in the Unix
-session (``sid``) that such a process leads. It keeps its session, its
-``parent_pid`` and its ``root_pid`` until it exits — also after its parent
-has exited and it has been re-parented (the orphaned ``npm run dev`` that
-outlives the shell that started it). A Unix session that a session
-process led stays the session's after the leader exits, while it has
-members: its id cannot be handed out again until the last one is gone (it
-is forgotten when a full table shows no process in it). A root is never a
-descendant (the closest attribution wins).
-
-**How a look finds new descendants.** :meth:`DescendantTracker.look` is
-given the roots and, optionally, a full :class:`~capsuled.processes.table.ProcessTable`
-(ppid and sid of every process: an observation's). With a table, it
-walks the table's children and session indexes from every session
-process. Without one it looks only where something new can be:
-
-* where the kernel has ``/proc/<pid>/task/<tid>/children``
-  (``CONFIG_PROC_CHILDREN``), it reads the children lists of the session's
-  processes (every thread's) and the stat of each child: O(the session's
-  processes and their children);
-* elsewhere, it reads the pid counter (the last field of ``/proc/loadavg``)
-  and the stat of each pid handed out since the last look — threads take
-  pids too, and are told apart by their ``Tgid``. Nothing forked anywhere:
-  one small read. More than :data:`MAX_PROBED_PIDS` pids since the last
-  look (or the first look): one full table instead.
-
-Either way it drops the known descendants that exited: each session
-process is held by a pidfd (up to :data:`MAX_TRACKED_PIDFDS`), and all of
-them are polled in one ``poll`` call, which names the ones that exited; a
-process held by none has its stat read (it exited when its (pid, start
-ticks) no longer matches, or it is a zombie).
-
-**How often.** At every observation (with the observation's table), and
-every :data:`LOOK_INTERVAL_S` while some session has a live process — never
-while none has, so an idle daemon does not wake for it. The interval bounds
-the escape window below; with nothing forking, a look costs one ``poll`` of
-the held pidfds and one read of ``/proc/loadavg``.
-
-**What escapes.** A process that is started and re-parented between two
-looks (its parent, a session process, exited before a look saw the child)
-is found only through its ``sid``; one that also left the session with
-``setsid`` before the first look is not found at all. The fix a runtime can
-apply: start background work with ``setsid`` itself, from a session
-process — the new session's leader is then a child the next look sees, and
-everything started in that Unix session is a descendant by its ``sid``,
-however it is re-parented.
-
-**A new root older than the last look.** What a process started before it
-became a root (its receipt written after it forked) is not among the pids
-handed out since the last look. The tracker keeps its looks' pid counters
-and when each was read (:mod:`capsuled.processes.pid_marks`): a new root
-that started (by its stat) after one of them can only have children whose
-pids were handed out after that counter, so the look probes from there
-instead (one stat per pid handed out since shortly before the root
-started). A root older than every kept mark, or a mark more than
-:data:`MAX_PROBED_PIDS` back, sets :attr:`DescendantTracker.owes_table`
-instead, and the daemon's next look takes a full table at once
-(docs/design.md §5).
+:class:`DescendantTracker` keeps, look after look, the descendants of the
+sessions' processes (the roots): each process whose parent was a session
+process at some look, or that is in a Unix session one leads or led.
+:meth:`DescendantTracker.look` finds new ones in a full process table when
+it is given one, else by probing the pids handed out since the last look
+(from a kept mark of the pid counter for a root older than the last look,
+:mod:`.pid_marks`) or by the kernel's children lists, and drops those that
+exited (their pidfds polled at once, :mod:`.members`). Also offers
+:class:`Descendant` (one process found), :class:`LookCost` (what a look
+read) and the limits a look keeps to. docs/design.md §5 "Descendants" has
+the rules, how often the daemon looks, and what escapes a look.
 """
 
 from __future__ import annotations

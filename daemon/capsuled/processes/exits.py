@@ -8,7 +8,7 @@ candidates' pids, the store's processes that matched the sample, live
 servers (:attr:`capsuled.reader.Observation.watched`) — and calls
 ``on_exit`` the moment one becomes readable, that is when the process exits
 (it fires while the process is a zombie, for non-children too, with no
-privilege needed, measured on Linux 5.3+). Discovery then observes again at once,
+privilege needed, on Linux 5.3+). Discovery then observes again at once,
 so the answer changes within milliseconds.
 
 The pid-reuse race: the sample says pid P started at S; by the time the

@@ -11,7 +11,7 @@ behind the code"), with
 identical start times (both compute ``btime + starttime / CLK_TCK``).
 Elsewhere psutil is used, with its per-pid cache cleared first:
 ``process_iter`` keeps ``Process`` objects by pid, and after a pid is reused
-it returned the old process's ``create_time`` (seen on this project).
+it would return the old process's ``create_time``.
 
 An observation woken by a change costs O(the change) (docs/design.md §5):
 its :class:`PartialSample` reads ``/proc/<pid>/stat`` only for the pids it

@@ -125,7 +125,7 @@ class Candidate(msgspec.Struct, gc=False):
         )
 
     def live(self, sample: ProcessSample) -> bool:
-        """Liveness against one sample (docs/design.md §3; the original ``Receipt::live``)."""
+        """Liveness against one sample (docs/design.md §3 "Liveness")."""
         tolerance_s = (
             EXEC_RECEIPT_TOLERANCE_S if self.kind is Kind.EXEC else PROVIDER_CLIENT_TOLERANCE_S
         )

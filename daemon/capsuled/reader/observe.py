@@ -14,43 +14,6 @@ checks that nothing moved meanwhile, and projects an
 Everything here blocks (directory walks, file reads, ``/proc``, SQLite): the
 daemon runs :meth:`ActiveSessionReader.observe` in a worker thread, one at a
 time per reader.
-
-Departures from the original reader, each allowed by docs/design.md §5:
-
-* Step 2 ("re-reads every candidate ... a re-read may be replaced by a
-  ``stat`` check ... as long as the result is the same"): while a watcher
-  feeds the reader (``trust_watcher``), the check is the watcher itself, and
-  only the paths it reported are read; verification (``verify_barrier_ns``)
-  is the net under what a watch may lose. Without one, step 2 re-checks a
-  candidate with ``lstat`` (device, inode, size, ``mtime_ns``, ``ctime_ns``)
-  and re-reads only what changed. A file whose timestamps were within
-  :data:`~capsuled.reader.candidates.RACY_WINDOW_NS` of the moment it was
-  read is re-read anyway, because a later write in the same timestamp tick
-  would leave the same stamps (git's "racy clean" problem). Liveness is
-  re-evaluated against every fresh sample, for the candidates of the pids
-  the sample shows gone or reused.
-* Step 1's "fresh process sample" is, in an observation that neither walks
-  nor verifies, a :class:`~capsuled.processes.sample.PartialSample`: the stat of
-  the pids that the candidates, the store's rows, the servers and the changed
-  receipts name, read when asked, and none for those that a pidfd watches
-  and has not reported gone (``held``: one ``poll`` of their pidfds). It
-  says of every pid asked what a full sample would: an observation woken by
-  a change costs O(the change),
-  not O(the process table) (docs/design.md §5). Walks and verifications take
-  the full sample, and the descendants their full table.
-* Step 3 asks the store only about what it was not asked before, unless the
-  store's ``PRAGMA data_version`` moved; step 4 compares that version instead
-  of querying again.
-* A pending path that forces a rescan makes *this* observation walk from
-  scratch, instead of answering ``scanning`` first. A changed run directory
-  (``runs/<run>``) does not force one: it is listed from scratch, as a
-  changed input directory is, so a new run costs its own receipts, not a walk
-  of the home.
-* Watcher changes that cannot affect the answer (the store, traces under
-  ``sessions/``, ``manifest.json``, hidden files) are dropped, so a busy trace
-  does not keep the answer ``scanning``.
-* The servers registry is kept whole and its entries' liveness is decided
-  against each observation's sample.
 """
 
 from __future__ import annotations
@@ -132,7 +95,7 @@ class Observation:
 
 
 class ActiveSessionReader:
-    """The incremental receipt cache of one home (the original ``ActiveSessionReader``).
+    """The incremental receipt cache of one home.
 
     Args:
         home: the capsule home; resolved to an absolute path without symlinks
@@ -167,7 +130,11 @@ class ActiveSessionReader:
     observation ``stat``-checks every candidate and errored receipt and
     re-reads what changed.
 
-    **Incremental observations.** Whatever did not change is not redone:
+    **Incremental observations.** Whatever did not change is not redone
+    (docs/design.md §5 "Every path is exact, at the cost of the change"): an
+    observation that neither walks nor verifies takes a partial process
+    sample (:class:`~capsuled.processes.sample.PartialSample`: the stat of the
+    pids it asks about, none for those ``held`` that have not exited);
     liveness is judged again only for the candidates of pids that are gone or
     whose start time changed (the pid index); ownership is asked only for
     what was not asked before, or for everything when the store's version

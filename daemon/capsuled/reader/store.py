@@ -15,7 +15,7 @@ an observation in which nothing was written costs two pragmas.
 A persistent connection matters for a second reason: opening and closing a
 WAL database, even read-only, modifies its ``-wal`` and ``-shm`` files, and
 the watcher reports writes to the store (``ChangeFeed.store_changed``): a
-connection per query made every observation wake the next one.
+connection per query would make every observation wake the next one.
 
 :meth:`OwnershipReader.version` tells whether the store may have changed
 since it was last asked, without reading any table: the file's identity and

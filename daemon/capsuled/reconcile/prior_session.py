@@ -276,8 +276,8 @@ def reconcile_marking(
         and whether its markers were appended now.
 
     Raises:
-        InvalidParams: ``from_session`` is not a session directory name (the
-            original reconcile's rule), or ``this_session`` is empty; nothing is read.
+        InvalidParams: ``from_session`` is not a session directory name
+            (docs/design.md §6 "Names"), or ``this_session`` is empty; nothing is read.
         NoSuchTrace: the records root, the session directory or its trace
             does not exist.
         UnsafePath: the session directory or the trace is a symlink or not a

@@ -23,7 +23,8 @@ __all__ = ["READ_BUFFER_BYTES", "DetachedWork", "TraceScan", "scan_lines", "scan
 #: Read buffer for the scan; memory is bounded by this plus the longest line.
 READ_BUFFER_BYTES: Final = 1 << 20
 
-#: JSON numbers above this are not a ``u64`` in the original reconcile and count as absent.
+#: An integer member at or above this counts as absent: ``detached_at_ms`` is an
+#: unsigned 64-bit count of milliseconds (docs/design.md §6 "Scan").
 _U64_LIMIT: Final = 1 << 64
 
 #: Every JSON object is a record, also one holding a number no float can hold
@@ -91,19 +92,16 @@ class TraceScan:
 
 
 # One handler per event type that matters; a member of the wrong type counts
-# as absent, as in the original reconcile (``as_str()`` / ``as_u64()`` with defaults).
+# as absent (docs/design.md §6 "Scan").
 
 
 def _string(value: Any) -> str:
-    """A member as the original reconcile's ``as_str().unwrap_or_default()``."""
+    """A string member; ``""`` when it is absent or of another type."""
     return value if type(value) is str else ""
 
 
 def _u64(value: Any) -> int:
-    """A member as the original reconcile's ``as_u64().unwrap_or_default()``.
-
-    An int in [0, 2**64), else 0.
-    """
+    """An integer member in [0, 2**64); 0 when it is absent, of another type or out of range."""
     return value if type(value) is int and 0 <= value < _U64_LIMIT else 0
 
 
