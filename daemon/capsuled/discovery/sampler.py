@@ -26,10 +26,13 @@ from .single_flight import SingleFlight
 from .verification_runs import VerificationRuns
 from .wakeups import Wakeups
 
-__all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "Sampler"]
+__all__ = ["DEFAULT_SAMPLE_INTERVAL_S", "RETRY_FIRST_S", "RETRY_MAX_S", "Sampler"]
 
 log = structlog.get_logger("capsuled.discovery")
 
+#: Seconds between two sampled observations where they are needed, unless
+#: configured otherwise (``--sample-interval``).
+DEFAULT_SAMPLE_INTERVAL_S: Final = 1.0
 #: The first retry after an observation short of descriptors or memory, and the
 #: longest wait between two (docs/design.md §8): back within a second of relief.
 RETRY_FIRST_S: Final = 0.05

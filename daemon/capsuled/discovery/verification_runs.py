@@ -21,10 +21,12 @@ import structlog
 from capsule_client.protocol import StatusTotals, VerificationStatus
 from capsuled.reader import Verified
 
-__all__ = ["VerificationRuns"]
+__all__ = ["DEFAULT_VERIFY_INTERVAL_S", "VerificationRuns"]
 
 log = structlog.get_logger("capsuled.discovery")
 
+#: Seconds between two verification runs, unless configured otherwise (``--verify-interval``).
+DEFAULT_VERIFY_INTERVAL_S: Final = 30.0
 #: Missed paths named in the warning at most (the count says how many in all).
 _MISSED_LOGGED: Final = 10
 

@@ -13,6 +13,7 @@ from typing import Final, TypeAlias
 __all__ = [
     "EXEC_PARTS",
     "PROVIDER_CLIENTS",
+    "RACY_WINDOW_NS",
     "RUNS",
     "SERVERS_PARTS",
     "STORE_FILES",
@@ -34,6 +35,12 @@ EXEC_PARTS: Final[Parts] = ("runtime", "exec-processes")
 SERVERS_PARTS: Final[Parts] = ("runtime", "opencode-servers.json")
 #: The ownership store and its write-ahead log: a commit writes one of them.
 STORE_FILES: Final[frozenset[Parts]] = frozenset({("capsule.db",), ("capsule.db-wal",)})
+#: A file whose mtime/ctime lies less than this before the moment it was read (or
+#: looked at) may change again within the same timestamp tick, leaving the same
+#: stamps (git's "racy clean"): the reader re-reads it at its next check, the
+#: poller reports it again at its next look (docs/design.md §5). One second covers
+#: every Linux file system's timestamp tick and HFS+'s whole seconds.
+RACY_WINDOW_NS: Final = 1_000_000_000
 
 
 def walked(parts: Parts) -> bool:

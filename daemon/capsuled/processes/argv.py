@@ -38,6 +38,7 @@ import psutil
 
 from capsule_client._proc import NOT_LIVE_STATES, ExecMark, parse_exec_mark, read_stat_line
 
+from .descendants import ROOT_TOLERANCE_S
 from .table import Clock
 
 __all__ = ["ELLIPSIS", "MAX_ARGV_BYTES", "RECHECK_S", "Argv", "ArgvCache", "argv_of", "cut_argv"]
@@ -48,9 +49,9 @@ MAX_ARGV_BYTES: Final = 4096
 ELLIPSIS: Final = "…"
 #: Seconds between two checks of one process for an ``exec``, unless asked fresh.
 RECHECK_S: Final = 1.0
-#: A stat line's start time must be this close to the listed one (the receipts'
-#: widest tolerance, docs/design.md §3, plus the listed value's rounding).
-START_TOLERANCE_S: Final = 6.0
+#: A stat line's start time must be this close to the listed one (a root's
+#: tolerance, the receipts' widest, plus the listed value's rounding).
+START_TOLERANCE_S: Final = ROOT_TOLERANCE_S + 1.0
 
 #: A process's argv, or None where the OS does not say.
 Argv: TypeAlias = list[str] | None

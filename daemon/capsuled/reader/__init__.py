@@ -19,7 +19,8 @@ of path errors, and why an observation cannot answer),
 
 from __future__ import annotations
 
-from .candidates import RACY_WINDOW_NS
+from capsuled.home.layout import RACY_WINDOW_NS
+
 from .errors import GAP_TOO_MANY_ERRORS, MAX_ERROR_BYTES, MAX_ERRORS, ObservationCancelled
 from .generations import Generations, run_base, same_answer
 from .home import GAP_HOME_REPLACED

@@ -26,11 +26,10 @@ from capsule_client.receipts import (
     ProviderClientReceipt,
     is_valid_input_id,
 )
-from capsuled.home.layout import Kind
+from capsuled.home.layout import RACY_WINDOW_NS, Kind
 from capsuled.processes.sample import ProcessSample, matches_start
 
 __all__ = [
-    "RACY_WINDOW_NS",
     "UNASKED",
     "Candidate",
     "Candidates",
@@ -41,11 +40,6 @@ __all__ = [
     "make_candidate",
     "wire_text",
 ]
-
-#: A file whose mtime/ctime lies less than this before the moment it was read
-#: is re-read at its next check instead of trusting ``stat``. One second covers
-#: every Linux file system's timestamp tick and HFS+'s whole seconds.
-RACY_WINDOW_NS: Final = 1_000_000_000
 
 #: The owner of a candidate whose ownership was not asked yet.
 UNASKED: Final = "\0unasked"

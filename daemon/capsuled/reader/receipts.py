@@ -16,6 +16,7 @@ import os
 import stat
 import threading
 import time
+from typing import Final
 
 from capsule_client.protocol import DiscoveryCost
 from capsule_client.receipts import (
@@ -33,7 +34,10 @@ from .candidates import Candidates, Numbers, Receipt, Signature, make_candidate
 from .errors import Errors, ObservationCancelled, describe, raise_if_short
 from .home import Home
 
-__all__ = ["ReceiptReader"]
+__all__ = ["SYMLINK_NOT_FOLLOWED", "ReceiptReader"]
+
+#: The error of a receipt root that is a symbolic link (docs/design.md §2).
+SYMLINK_NOT_FOLLOWED: Final = "is a symbolic link; not followed"
 
 
 class ReceiptReader:
@@ -154,7 +158,7 @@ class ReceiptReader:
         except OSError:
             linked = False
         if linked:
-            self.set_error(path, "is a symbolic link; not followed")
+            self.set_error(path, SYMLINK_NOT_FOLLOWED)
             return False
         self.errors.clear(path)
         return True

@@ -18,7 +18,7 @@ from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action, receip
 
 from .errors import describe, raise_if_short
 from .listings import Listings
-from .receipts import ReceiptReader
+from .receipts import SYMLINK_NOT_FOLLOWED, ReceiptReader
 
 __all__ = ["Walk"]
 
@@ -160,7 +160,7 @@ class Walk:
         except (FileNotFoundError, NotADirectoryError):
             self._drop_under(path)
             if parts in ((RUNS,), EXEC_PARTS) and os.path.islink(path):
-                self.receipts.set_error(path, "is a symbolic link; not followed")
+                self.receipts.set_error(path, SYMLINK_NOT_FOLLOWED)
             return
         except OSError as exc:
             raise_if_short(exc)  # the daemon's trouble, not the directory's

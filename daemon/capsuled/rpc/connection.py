@@ -27,7 +27,7 @@ from anyio.abc import SocketStream
 from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES
 from capsuled.common.shortage import is_shortage
 
-from .jsonrpc import encode_error
+from .jsonrpc import SPLICE_MIN_BYTES, encode_error
 
 __all__ = ["Connection", "HangUps", "LineHandler", "current_connection"]
 
@@ -45,8 +45,6 @@ _RECEIVE_CHUNK: Final = 65536
 #: Lines answered one after the other without waiting before the connection
 #: lets other tasks run (a peer pipelining notifications, which get no reply).
 _YIELD_EVERY: Final = 16
-#: A part of a line shorter than this is joined with its neighbours before it is sent.
-_JOIN_BELOW_BYTES: Final = 64 * 1024
 #: A whole line shorter than this is joined into one buffer before it is sent.
 _JOIN_LINE_BELOW_BYTES: Final = 1024 * 1024
 #: Unread input dropped at most when a connection closes (see :meth:`Connection.discard_unread`).
@@ -221,7 +219,7 @@ class Connection:
 
         Replies and notifications take the same lock, so lines never
         interleave. Small parts are joined (with the newline); a part of at
-        least ``_JOIN_BELOW_BYTES`` is sent from its own buffer: a snapshot
+        least :data:`~capsuled.rpc.jsonrpc.SPLICE_MIN_BYTES` is sent from its own buffer: a snapshot
         reply of megabytes goes out from discovery's encoded buffer, not a copy.
         A line not sent within the write timeout drops the connection.
 
@@ -272,7 +270,7 @@ def _chunks(parts: tuple[bytes | memoryview, ...]) -> list[bytes | memoryview]:
     chunks: list[bytes | memoryview] = []
     small: list[bytes | memoryview] = []
     for part in parts:
-        if len(part) < _JOIN_BELOW_BYTES:
+        if len(part) < SPLICE_MIN_BYTES:  # joined with its neighbours
             small.append(part)
             continue
         if small:

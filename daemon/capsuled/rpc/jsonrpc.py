@@ -103,7 +103,8 @@ _LONE_HIGH_SURROGATE: Final = re.compile(
 )
 
 #: An encoded result at least this large is sent from its own buffer (see
-#: :meth:`Dispatcher.answer`); below it, one copy costs less than a part.
+#: :meth:`Dispatcher.answer`); below it, one copy costs less than a part, and the
+#: connection joins a smaller part with its neighbours before it sends them.
 SPLICE_MIN_BYTES: Final = 64 * 1024
 _PLACEHOLDER: Final = Raw(b"0")
 _PLACEHOLDER_TAIL: Final = b"0}"

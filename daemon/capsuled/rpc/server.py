@@ -30,6 +30,8 @@ from .connection import Connection, HangUps, current_connection
 from .jsonrpc import Dispatcher, ReplyParts, encode_error
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_WRITE_TIMEOUT_S",
     "Connection",
     "Server",
     "UnixListener",
@@ -38,6 +40,10 @@ __all__ = [
 
 log = structlog.get_logger("capsuled.server")
 
+#: Connections served at once, and how long a reply may wait for its peer, seconds,
+#: unless configured otherwise (``--max-connections``, ``--write-timeout``).
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_WRITE_TIMEOUT_S: Final = 10.0
 #: Connections past the cap being refused at once (docs/design.md §8).
 MAX_REFUSING: Final = 4
 
@@ -62,8 +68,8 @@ class Server:
         self,
         dispatcher: Dispatcher,
         *,
-        max_connections: int = 1024,
-        write_timeout_s: float = 10.0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
         on_connect: Callable[[socket.socket], bytes | None] | None = None,
     ) -> None:
         self.dispatcher = dispatcher

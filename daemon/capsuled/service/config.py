@@ -11,18 +11,27 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal, get_args
 
 from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
 from capsule_client.protocol import WatcherMode
 from capsuled import __version__
+from capsuled.discovery.sampler import DEFAULT_SAMPLE_INTERVAL_S
+from capsuled.discovery.verification_runs import DEFAULT_VERIFY_INTERVAL_S
 from capsuled.metrics.textfile import TEXTFILE_MIN_INTERVAL_S
-from capsuled.watch.watcher import WATCH_MODES
+from capsuled.processes.exits import DEFAULT_MAX_PIDFDS
+from capsuled.rpc.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_WRITE_TIMEOUT_S
+from capsuled.watch.watcher import DEFAULT_POLL_INTERVAL_S, WATCH_MODES
 
 __all__ = ["Config", "ConfigError", "parse_args"]
 
 LogFormat = Literal["json", "console", "auto"]
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: What the daemon does unless told otherwise (the numbers' defaults live with
+#: the service that uses them, and are imported above).
+DEFAULT_LOG_FORMAT: Final[LogFormat] = "auto"
+DEFAULT_LOG_LEVEL: Final = "info"
+DEFAULT_WATCH: Final[WatcherMode] = "native"
 
 
 class ConfigError(ValueError):
@@ -58,16 +67,16 @@ class Config:
 
     home: Path
     socket: Path
-    sample_interval_s: float = 1.0
-    verify_interval_s: float = 30.0
-    poll_interval_s: float = 0.5
-    log_format: LogFormat = "auto"
-    log_level: str = "info"
-    max_connections: int = 1024
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S
+    verify_interval_s: float = DEFAULT_VERIFY_INTERVAL_S
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    log_format: LogFormat = DEFAULT_LOG_FORMAT
+    log_level: str = DEFAULT_LOG_LEVEL
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     drain_timeout_s: float = 5.0
-    write_timeout_s: float = 10.0
-    watch: WatcherMode = "native"
-    max_pidfds: int = 4096
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
+    watch: WatcherMode = DEFAULT_WATCH
+    max_pidfds: int = DEFAULT_MAX_PIDFDS
     metrics_textfile: Path | None = None
 
 
@@ -155,46 +164,50 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-interval",
         "sample_interval",
         "seconds between two observations where changes cannot all be events: no watch, "
-        "process exits past the pidfd limit or without pidfds (default: 1)",
+        "process exits past the pidfd limit or without pidfds "
+        f"(default: {DEFAULT_SAMPLE_INTERVAL_S:g})",
         metavar="S",
     )
     add(
         "--verify-interval",
         "verify_interval",
         "seconds between two verification runs, which compare every receipt directory and "
-        "live receipt with what was last seen and re-read what the watch missed (default: 30)",
+        "live receipt with what was last seen and re-read what the watch missed "
+        f"(default: {DEFAULT_VERIFY_INTERVAL_S:g})",
         metavar="S",
     )
     add(
         "--poll-interval",
         "poll_interval",
         "seconds between two passes of the polling watch, and between two retries of a "
-        "directory the native watch could not watch (default: 0.5)",
+        f"directory the native watch could not watch (default: {DEFAULT_POLL_INTERVAL_S:g})",
         metavar="S",
     )
     add(
         "--log-format",
         "log_format",
-        "json, console, or auto: console on a terminal, JSON otherwise (default: auto)",
+        "json, console, or auto: console on a terminal, JSON otherwise "
+        f"(default: {DEFAULT_LOG_FORMAT})",
         metavar="FORMAT",
     )
     add(
         "--log-level",
         "log_level",
-        "debug, info, warning, error or critical (default: info)",
+        f"debug, info, warning, error or critical (default: {DEFAULT_LOG_LEVEL})",
         metavar="LEVEL",
     )
     add(
         "--max-connections",
         "max_connections",
-        "connections served at once; more are answered -32002 and closed (default: 1024)",
+        "connections served at once; more are answered -32002 and closed "
+        f"(default: {DEFAULT_MAX_CONNECTIONS})",
         metavar="N",
     )
     add(
         "--write-timeout",
         "write_timeout",
         "seconds a reply may wait for the client to read it before the connection is "
-        "dropped (default: 10)",
+        f"dropped (default: {DEFAULT_WRITE_TIMEOUT_S:g})",
         metavar="S",
     )
     add(
@@ -202,14 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         "watch",
         "how to watch the home for changes: native (inotify on Linux, FSEvents on macOS; falls "
         "back to polling when it cannot start), polling (an lstat walk every poll interval), "
-        "or off (no watch: every observation walks the home) (default: native)",
+        f"or off (no watch: every observation walks the home) (default: {DEFAULT_WATCH})",
         metavar="MODE",
     )
     add(
         "--max-pidfds",
         "max_pidfds",
         "processes whose exit is watched with a pidfd (Linux >= 5.3), so it changes answers "
-        "at once; the exits of more are noticed by sampling (default: 4096)",
+        f"at once; the exits of more are noticed by sampling (default: {DEFAULT_MAX_PIDFDS})",
         metavar="N",
     )
     add(
@@ -249,14 +262,14 @@ def parse_args(
     socket = Path(socket_text).expanduser() if socket_text else default_socket(home, env)
     socket = Path(os.path.abspath(socket))
 
-    log_format = (pick("log_format") or "auto").lower()
-    if log_format not in ("json", "console", "auto"):
+    log_format = (pick("log_format") or DEFAULT_LOG_FORMAT).lower()
+    if log_format not in get_args(LogFormat):
         raise ConfigError(f"log format must be json, console or auto, not {log_format!r}")
-    log_level = (pick("log_level") or "info").lower()
+    log_level = (pick("log_level") or DEFAULT_LOG_LEVEL).lower()
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
 
-    watch = (pick("watch") or "native").lower()
+    watch = (pick("watch") or DEFAULT_WATCH).lower()
     if watch not in WATCH_MODES:
         raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
 

@@ -37,7 +37,7 @@ def wants_console(log_format: str) -> bool:
     return sys.stderr.isatty() and not stderr_is_journal()
 
 
-def configure(log_format: str = "auto", level: str = "info") -> None:
+def configure(log_format: str, level: str) -> None:
     """Route structlog to stderr as JSON lines or console text.
 
     Args:

@@ -38,8 +38,9 @@ from capsuled.discovery.commit_wait import CommitWait
 from capsuled.discovery.discovery import Discovery
 from capsuled.discovery.home_reader import HomeReader
 from capsuled.discovery.latest_answer import LatestAnswer
+from capsuled.discovery.sampler import DEFAULT_SAMPLE_INTERVAL_S
 from capsuled.discovery.subscriptions import SubscriptionHub
-from capsuled.discovery.verification_runs import VerificationRuns
+from capsuled.discovery.verification_runs import DEFAULT_VERIFY_INTERVAL_S, VerificationRuns
 from capsuled.discovery.wake_sources import WakeSources
 from capsuled.discovery.wakeups import Wakeups
 from capsuled.handlers import method_table
@@ -83,7 +84,7 @@ class StartupError(Exception):
 def build_discovery(
     home: Path,
     *,
-    sample_interval_s: float = 1.0,
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     totals: StatusTotals | None = None,
     changes: ChangeFeed | None = None,
     watcher_mode: Callable[[], WatcherMode] = lambda: "off",
@@ -91,7 +92,7 @@ def build_discovery(
     descendant_pidfds: int = MAX_TRACKED_PIDFDS,
     exit_events: bool | None = None,
     sync: Callable[[], Awaitable[None]] | None = None,
-    verify_interval_s: float | None = 30.0,
+    verify_interval_s: float | None = DEFAULT_VERIFY_INTERVAL_S,
     on_missed: Callable[[], None] | None = None,
 ) -> Discovery:
     """Session discovery of ``home``, built from its parts (docs/design.md §5, §8).

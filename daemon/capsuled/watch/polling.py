@@ -12,10 +12,17 @@ from __future__ import annotations
 import os
 import stat
 import time
-from typing import Final, TypeAlias
+from typing import TypeAlias
 
 from capsuled.common.shortage import is_shortage
-from capsuled.home.layout import STORE_FILES, Parts, entered, reader_cares, walked
+from capsuled.home.layout import (
+    RACY_WINDOW_NS,
+    STORE_FILES,
+    Parts,
+    entered,
+    reader_cares,
+    walked,
+)
 
 from .changes import ChangesFound
 
@@ -24,11 +31,6 @@ __all__ = ["HomeMissing", "Poller", "open_directory"]
 #: What one entry looked like: (inode, type and mode, size, mtime_ns, ctime_ns);
 #: for a directory only its inode and type (what changes below it is its own look).
 _EntrySignature: TypeAlias = tuple[int, int, int, int, int]
-
-#: A file changed less than this before a look may change again within the same
-#: timestamp tick, leaving the same signature (git's "racy clean"; the reader's
-#: rule too, docs/design.md §5): it is reported once more, at the next look.
-_RACY_WINDOW_NS: Final = 1_000_000_000
 
 
 def open_directory(path: str, *, follow: bool = False) -> int:
@@ -124,7 +126,7 @@ class Poller:
 
         A directory never looked at before reports every entry (unless
         ``report`` is false: then it only remembers them). A file that changed
-        less than :data:`_RACY_WINDOW_NS` before the look is reported once more
+        less than :data:`RACY_WINDOW_NS` before the look is reported once more
         at the next one: a second write in the same timestamp tick would look
         the same.
 
@@ -132,7 +134,7 @@ class Poller:
             the entered subdirectories (real directories, never links).
         """
         before = self._seen.get(parts)
-        racy_after = time.time_ns() - _RACY_WINDOW_NS
+        racy_after = time.time_ns() - RACY_WINDOW_NS
         try:
             now, children, stamp = _list(os.path.join(self._home, *parts), parts)
         except OSError:  # the daemon is short of descriptors: nothing is known to have changed

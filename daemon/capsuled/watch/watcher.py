@@ -31,12 +31,14 @@ from .changes import ChangeFeed, ChangesFound
 from .inotify import InotifyWatch, WatchLost
 from .polling import HomeMissing, Poller
 
-__all__ = ["WATCH_MODES", "Backend", "HomeWatcher", "reader_cares"]
+__all__ = ["DEFAULT_POLL_INTERVAL_S", "WATCH_MODES", "Backend", "HomeWatcher", "reader_cares"]
 
 log = structlog.get_logger("capsuled.watcher")
 
 #: The values ``--watch`` / ``CAPSULED_WATCH`` accept.
 WATCH_MODES: Final[tuple[WatcherMode, ...]] = get_args(WatcherMode)
+#: Seconds between two poll passes, unless configured otherwise (``--poll-interval``).
+DEFAULT_POLL_INTERVAL_S: Final = 0.5
 
 #: Which native watch to use: ``auto`` is inotify on Linux, watchfiles elsewhere.
 Backend = Literal["auto", "inotify", "watchfiles"]
@@ -156,7 +158,7 @@ class HomeWatcher:
         *,
         mode: WatcherMode = "native",
         backend: Backend = "auto",
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         home_wait_interval_s: float = 0.05,
         rescan_at_start: bool = True,
     ) -> None:
