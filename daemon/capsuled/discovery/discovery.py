@@ -64,6 +64,11 @@ NO_WATCHER_NOTE: Final = "no watcher runs: every observation walks the home from
 class Discovery:
     """The reader of one home, observed one at a time, answering snapshots.
 
+    The composition root builds its parts and passes them in
+    (:func:`capsuled.service.supervisor.build_discovery`); the three that call
+    back into it it builds itself: single flight (which runs :meth:`_run`),
+    the sampler and the snapshot answers.
+
     Args:
         reader: the home's reader.
         wakeups: the asks to observe now; the wake sources and the feed call
