@@ -28,7 +28,7 @@ right at the cost of a walk each time.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Final, TypeAlias
 
 import anyio
 import structlog
@@ -54,11 +54,13 @@ from .verification_runs import VerificationRuns
 from .wake_sources import WakeSources
 from .wakeups import Wakeups
 
-__all__ = ["NO_WATCHER_NOTE", "Discovery"]
+__all__ = ["NO_WATCHER_NOTE", "CurrentWatcherMode", "Discovery"]
 
 log = structlog.get_logger("capsuled.discovery")
 
 NO_WATCHER_NOTE: Final = "no watcher runs: every observation walks the home from scratch"
+#: What the watcher does now (``native``, ``polling`` or ``off``), asked before each use.
+CurrentWatcherMode: TypeAlias = Callable[[], WatcherMode]
 
 
 class Discovery:
@@ -93,7 +95,7 @@ class Discovery:
         sources: WakeSources,
         verification: VerificationRuns,
         latest: LatestAnswer,
-        watcher_mode: Callable[[], WatcherMode],
+        watcher_mode: CurrentWatcherMode,
         sync: Callable[[], Awaitable[None]] | None,
         sample_interval_s: float,
     ) -> None:

@@ -32,10 +32,10 @@ from anyio import open_signal_receiver  # imported now: a lazy import needs a de
 from anyio.abc import TaskStatus
 
 from capsule_client.paths import records_root
-from capsule_client.protocol import NoParams, StatusTotals, WatcherMode
+from capsule_client.protocol import NoParams, StatusTotals
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.commit_wait import CommitWait
-from capsuled.discovery.discovery import Discovery
+from capsuled.discovery.discovery import CurrentWatcherMode, Discovery
 from capsuled.discovery.home_reader import HomeReader
 from capsuled.discovery.latest_answer import LatestAnswer
 from capsuled.discovery.sampler import DEFAULT_SAMPLE_INTERVAL_S
@@ -87,7 +87,7 @@ def build_discovery(
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     totals: StatusTotals | None = None,
     changes: ChangeFeed | None = None,
-    watcher_mode: Callable[[], WatcherMode] = lambda: "off",
+    watcher_mode: CurrentWatcherMode = lambda: "off",
     max_pidfds: int = DEFAULT_MAX_PIDFDS,
     descendant_pidfds: int = MAX_TRACKED_PIDFDS,
     exit_events: bool | None = None,
