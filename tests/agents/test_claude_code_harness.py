@@ -60,6 +60,12 @@ def session_leader(pid: int) -> bool:
     return int(stat[stat.rindex(")") + 2 :].split()[3]) == pid
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment of process ``pid``."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(entry.split("=", 1) for entry in raw.split("\0") if "=" in entry)
+
+
 def the_process(claude: ClaudeCode, *argv: str) -> dict[str, object]:
     """The one live process of this user's runs whose argv is ``argv``."""
     return wait_for(
@@ -80,6 +86,7 @@ def test_a_prompt_gets_the_scripted_answer_offline(claude: ClaudeCode) -> None:
     assert "say hello" in turn.text()
     assert "Bash" in turn.tool_names
     assert claude.api.script_left == 0 and claude.api.unscripted == 0
+    assert run.requests == run.turns  # nothing else asked: no probe, no count_tokens
 
 
 def test_a_print_run_fires_its_hooks_and_names_the_claude_process(claude: ClaudeCode) -> None:
@@ -137,6 +144,10 @@ def test_a_background_bash_runs_under_claude_until_task_stop(claude: ClaudeCode)
     assert "eval 'sleep 41.25'" in wrapper["argv"][2]
     assert wrapper["ppid"] == started.pid
     assert session_leader(wrapper["pid"])
+    # It carries its session and its claude in its environment.
+    command_env = environ(int(str(command["pid"])))
+    assert command_env["CLAUDE_CODE_SESSION_ID"] == posted.event["session_id"]
+    assert command_env["CLAUDE_PID"] == str(started.pid)
     release.set()
     run = started.finish()
 
@@ -199,6 +210,9 @@ def test_what_a_killed_claude_leaves_of_a_background_command(
     wait_for(lambda: claude.hook_calls("Stop"), message="the first Stop")
     command = the_process(claude, "sleep", "42.5")
 
+    session_file = claude.home / ".claude" / "sessions" / f"{started.pid}.json"
+    assert session_file.is_file()
+
     started.signal(signum)
     run = started.finish()
 
@@ -209,10 +223,12 @@ def test_what_a_killed_claude_leaves_of_a_background_command(
         wrapper = process(int(str(command["ppid"])))
         assert process(int(str(command["pid"]))) is not None
         assert wrapper is not None and wrapper["ppid"] != started.pid
+        assert session_file.is_file()  # claude's own record of itself, left stale
     else:
         [end] = claude.hook_calls("SessionEnd")
         assert end.event["reason"] == "other"
         wait_for(lambda: process(int(str(command["pid"]))) is None, message="the command gone")
+        assert not session_file.exists()
 
 
 def test_resume_keeps_the_session_id_and_its_context_reaches_the_model(
@@ -246,6 +262,31 @@ def test_resume_keeps_the_session_id_and_its_context_reaches_the_model(
     assert resume.env["CLAUDE_CODE_SESSION_ID"] == session_id
     assert context in second.turns[0].text()
     assert context not in first.turns[0].text()
+
+
+def test_resume_tells_the_model_a_task_lost_to_sigkill_stopped_while_it_still_runs(
+    claude: ClaudeCode,
+) -> None:
+    claude.api.extend([background("sleep 62.5"), Text("started"), Text("resumed")])
+    settings = recording(claude, "Stop", "UserPromptSubmit")
+    started = claude.start("go", settings=settings, allowed_tools=["Bash"])
+    [stop] = wait_for(lambda: claude.hook_calls("Stop"))
+    task = stop.event["background_tasks"][0]["id"]
+    started.signal(signal.SIGKILL)
+    started.finish()
+
+    resumed = claude.run("and now?", settings=settings, resume=stop.event["session_id"])
+
+    assert resumed.returncode == 0
+    # Claude Code itself tells the model, in the resume's first request, that the
+    # task did not finish ("stopped"), without looking whether it still runs.
+    told = resumed.turns[0].text()
+    assert f"<task-id>{task}</task-id>" in told and "<status>stopped</status>" in told
+    assert "didn't finish before the previous session ended" in told
+    prompts = [call.event["prompt"] for call in claude.hook_calls("UserPromptSubmit")]
+    assert prompts == ["go", "and now?"]  # no hook hears that notification
+    assert claude.hook_calls("Stop")[1].event["background_tasks"] == []
+    assert [p for p in claude.leftovers() if p["argv"] == ["sleep", "62.5"]]  # it does run
 
 
 def test_print_mode_reads_hooks_from_every_settings_scope(claude: ClaudeCode) -> None:
