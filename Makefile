@@ -37,9 +37,13 @@ test-slow: $(VENV)/.installed-test test-tools
 # The TypeScript MCP SDK is the independent client of `capsulectl mcp`
 # (tests/integration/test_mcp_node.py), installed from tests/node's lockfile
 # where npm is present; elsewhere that test is skipped and says why.
+# The real Claude Code, pinned in tests/claude_code's lockfile (its native
+# binary is an optional package of ~400 MB), drives tests/agents offline;
+# installed where npm is present, elsewhere those tests are skipped and say why.
 NODE_EXPORTER := prometheus-node-exporter
 MCP_NODE_SDK := tests/node/node_modules/.installed
-test-tools: $(MCP_NODE_SDK)
+CLAUDE_CODE := tests/claude_code/node_modules/.installed
+test-tools: $(MCP_NODE_SDK) $(CLAUDE_CODE)
 	@command -v $(NODE_EXPORTER) >/dev/null 2>&1 || \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing $(NODE_EXPORTER) with apt-get"; \
@@ -71,6 +75,15 @@ $(MCP_NODE_SDK): tests/node/package.json tests/node/package-lock.json
 		echo "could not install tests/node's packages; the node MCP test will be skipped"; \
 	else \
 		echo "npm is missing; the node MCP test will be skipped"; \
+	fi
+
+$(CLAUDE_CODE): tests/claude_code/package.json tests/claude_code/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing Claude Code (npm ci in tests/claude_code)"; \
+		{ npm ci --prefix tests/claude_code --silent && touch $@; } || \
+		echo "could not install tests/claude_code's packages; the Claude Code tests will be skipped"; \
+	else \
+		echo "npm is missing; the Claude Code tests will be skipped"; \
 	fi
 
 clean:

@@ -1,0 +1,1 @@
+"""Helpers the test suite shares: stand-ins for services and drivers for real programs."""
