@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from capsule_client.cli import main
+from capsule_client.cli.main import main
 
 
 @pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])

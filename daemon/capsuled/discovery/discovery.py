@@ -63,7 +63,7 @@ import anyio.from_thread
 import structlog
 from anyio.abc import TaskStatus
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     SnapshotParams,
     StatusTotals,

@@ -21,7 +21,7 @@ import anyio
 import anyio.from_thread
 import structlog
 
-from capsule_client.protocol import StatusTotals, VerificationStatus
+from capsule_client.wire import StatusTotals, VerificationStatus
 from capsuled.reader import Verified
 
 __all__ = ["RETRY_FIRST_S", "RETRY_MAX_S", "Sampler", "count_verification"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 from .sample import UsageMeter
 

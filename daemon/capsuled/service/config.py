@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
-from capsule_client.protocol import WatcherMode
+from capsule_client.kit.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
+from capsule_client.wire import WatcherMode
 from capsuled import __version__
 from capsuled.metrics.collector import TEXTFILE_MIN_INTERVAL_S
 from capsuled.watch.watcher import WATCH_MODES

@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Final, TextIO
 
-from ._client import Client
-from ._exceptions import (
+from ...client import Client
+from ...errors import (
     ConnectionLost,
     DaemonNotRunning,
     Overloaded,
@@ -20,9 +20,10 @@ from ._exceptions import (
     ShuttingDown,
     SubscriptionDropped,
 )
-from ._render import JSON_ENCODER, ChangePrinter, quiet_stdout, render_top
-from ._render_tree import terminal_width
-from .protocol import ActiveSessionsSnapshot
+from ...wire import ActiveSessionsSnapshot
+from .output import quiet_stdout
+from .tables import JSON_ENCODER, ChangePrinter, render_top
+from .tree import terminal_width
 
 __all__ = ["WATCH_RECONNECT_INTERVAL_S", "follow_changes", "follow_top"]
 

@@ -10,12 +10,10 @@ from typing import Any, TypeVar
 
 from msgspec import Raw
 
-from . import _core
-from ._core import BaseClient, Call, ClientCore, SubscriptionBase
-from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
-from .protocol import (
-    SessionsChanged,
-)
+from . import base
+from .base import BaseClient, Call, ClientCore, SubscriptionBase
+from .errors import ConnectionLost, DaemonNotRunning, RequestTimeout
+from .wire import SessionsChanged
 
 __all__ = ["Client", "Subscription"]
 
@@ -25,7 +23,7 @@ T = TypeVar("T")
 class Client(BaseClient):
     """Talks to capsuled, blocking. Not thread-safe: one per thread.
 
-    Args and raises: as :class:`~._core.BaseClient` says.
+    Args and raises: as :class:`~.base.BaseClient` says.
     """
 
     def _unconnected(self) -> None:
@@ -48,13 +46,13 @@ class Client(BaseClient):
         self._core.closed = True
         self._disconnect()
 
-    ping = _core.blocking(_core.ping)
-    status = _core.blocking(_core.status)
-    snapshot = _core.blocking(_core.snapshot)
-    reconcile = _core.blocking(_core.reconcile)
-    metrics = _core.blocking(_core.metrics)
-    terminate = _core.blocking(_core.terminate)
-    rescan = _core.blocking(_core.rescan)
+    ping = base.blocking(base.ping)
+    status = base.blocking(base.status)
+    snapshot = base.blocking(base.snapshot)
+    reconcile = base.blocking(base.reconcile)
+    metrics = base.blocking(base.metrics)
+    terminate = base.blocking(base.terminate)
+    rescan = base.blocking(base.rescan)
 
     def subscribe(self, *, since: int | None = None, commands: bool = False) -> Subscription:
         """``sessions.subscribe``: iterate the answer's changes as they happen.
@@ -198,11 +196,11 @@ class Client(BaseClient):
 
 class Subscription(SubscriptionBase):
     """A ``sessions.subscribe`` subscription: an iterator of
-    :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
+    :class:`~.wire.SessionsChanged`, the first with ``full: true``.
 
     Subscribes on entering (or on the first ``next``); :meth:`close` (or
     leaving the ``with`` block) unsubscribes. Iterating blocks until the
-    daemon sends a change. Raises as :class:`~._core.SubscriptionBase` says.
+    daemon sends a change. Raises as :class:`~.base.SubscriptionBase` says.
     """
 
     def __init__(self, client: Client, since: int | None, commands: bool = False) -> None:
@@ -239,5 +237,5 @@ class Subscription(SubscriptionBase):
         """Unsubscribe (if the connection is still there); idempotent."""
         subscription = self._leave(self._client._core)
         if subscription is not None and self._client._sock is not None:
-            self._client._call(_core.unsubscribe(subscription))
+            self._client._call(base.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

@@ -11,12 +11,10 @@ from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from msgspec import Raw
 
-from . import _core
-from ._core import BaseClient, Call, ClientCore, SubscriptionBase
-from ._exceptions import ConnectionLost, DaemonNotRunning, RequestTimeout
-from .protocol import (
-    SessionsChanged,
-)
+from . import base
+from .base import BaseClient, Call, ClientCore, SubscriptionBase
+from .errors import ConnectionLost, DaemonNotRunning, RequestTimeout
+from .wire import SessionsChanged
 
 __all__ = ["AsyncClient", "AsyncSubscription"]
 
@@ -29,7 +27,7 @@ class AsyncClient(BaseClient):
     Calls on one client are sent one at a time (a lock keeps replies in
     order); make several clients for concurrency.
 
-    Args and raises: as :class:`~._core.BaseClient` says.
+    Args and raises: as :class:`~.base.BaseClient` says.
     """
 
     def _unconnected(self) -> None:
@@ -53,13 +51,13 @@ class AsyncClient(BaseClient):
         self._core.closed = True
         await self._disconnect()
 
-    ping = _core.awaiting(_core.ping)
-    status = _core.awaiting(_core.status)
-    snapshot = _core.awaiting(_core.snapshot)
-    reconcile = _core.awaiting(_core.reconcile)
-    metrics = _core.awaiting(_core.metrics)
-    terminate = _core.awaiting(_core.terminate)
-    rescan = _core.awaiting(_core.rescan)
+    ping = base.awaiting(base.ping)
+    status = base.awaiting(base.status)
+    snapshot = base.awaiting(base.snapshot)
+    reconcile = base.awaiting(base.reconcile)
+    metrics = base.awaiting(base.metrics)
+    terminate = base.awaiting(base.terminate)
+    rescan = base.awaiting(base.rescan)
 
     def subscribe(self, *, since: int | None = None, commands: bool = False) -> AsyncSubscription:
         """``sessions.subscribe``: an async iterator of the answer's changes.
@@ -170,11 +168,11 @@ class AsyncClient(BaseClient):
 
 class AsyncSubscription(SubscriptionBase):
     """A ``sessions.subscribe`` subscription: an async iterator of
-    :class:`~.protocol.SessionsChanged`, the first with ``full: true``.
+    :class:`~.wire.SessionsChanged`, the first with ``full: true``.
 
     Subscribes on entering (or on the first ``anext``); :meth:`aclose` (or
     leaving the ``async with`` block) unsubscribes. Raises as
-    :class:`~._core.SubscriptionBase` says.
+    :class:`~.base.SubscriptionBase` says.
     """
 
     def __init__(self, client: AsyncClient, since: int | None, commands: bool = False) -> None:
@@ -204,5 +202,5 @@ class AsyncSubscription(SubscriptionBase):
         subscription = self._leave(self._client._core)
         if subscription is not None and self._client._stream is not None:
             with anyio.CancelScope(shield=True):
-                await self._client._call(_core.unsubscribe(subscription))
+                await self._client._call(base.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

@@ -30,6 +30,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -37,7 +38,7 @@ import msgspec
 import uuid_utils
 from msgspec import UNSET, Struct, UnsetType
 
-from capsule_client.paths import make_private_dirs
+from .paths import make_private_dirs
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT_S",
@@ -54,6 +55,7 @@ __all__ = [
     "Trust",
     "append_event",
     "append_locked",
+    "detach_time",
     "encode_line",
     "is_session_directory_name",
     "lock_trace",
@@ -183,6 +185,23 @@ def new_task_id() -> str:
 def now_ms() -> int:
     """The wall clock in Unix milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+def detach_time(detached_at_ms: int) -> str:
+    """A work's ``detached_at_ms`` for people: ISO 8601 in UTC to the millisecond.
+
+    ``"2025-11-29T07:06:40.123Z"``; ``"not recorded"`` for 0 (the trace's
+    default when the member is absent, docs/design.md §6); ``"not a calendar
+    date"`` for milliseconds past what a date can show. Both the reconcile
+    report's text and ``capsulectl reconcile`` use it.
+    """
+    if detached_at_ms == 0:
+        return "not recorded"
+    try:
+        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return "not a calendar date"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def is_session_directory_name(name: str) -> bool:
@@ -329,7 +348,7 @@ def append_event(
     (``0600``) are created if missing.
 
     Args:
-        records_root: ``<home>/sessions`` (see ``capsule_client.paths.records_root``).
+        records_root: ``<home>/sessions`` (see ``capsule_client.kit.paths.records_root``).
         event: the event; its ``session_id`` names the trace.
         fsync: flush to stable storage before returning.
         lock_timeout_s: how long to wait for the trace's lock; ``None``: forever.

@@ -1,12 +1,11 @@
 """The results and notifications of the capsuled socket (docs/design.md §7).
 
-Part of :mod:`capsule_client.protocol`, which re-exports every name: import
-them from there. Conventions on the wire are in that module's docstring.
+Unknown members in results are ignored by the client (forward compatibility).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -19,7 +18,6 @@ __all__ = [
     "LostReport",
     "LostWork",
     "MetricsResult",
-    "Notification",
     "PingResult",
     "ProcessKind",
     "Provenance",
@@ -444,11 +442,3 @@ class SessionsDropped(Struct):
 
     subscription: str
     reason: str
-
-
-class Notification(Struct):
-    """A notification the daemon sends: no ``id``, never answered."""
-
-    jsonrpc: str
-    method: str
-    params: Any

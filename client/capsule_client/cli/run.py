@@ -9,31 +9,29 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from ._client import Client
-from ._exceptions import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession
-from ._render import duration, one_line
-from ._render_terminate import grace_s
-from .paths import default_home
-from .protocol import SessionProcess
+from ..client import Client
+from ..errors import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession
+from ..kit.launch import Launch, Terminal, exit_code, make_subreaper
+from ..kit.launcher import new_session_id, register_launcher, release_launcher
+from ..kit.paths import default_home
+from ..kit.store import StoreVersionError
+from ..text import command_line, duration, one_line
+from ..wire import SessionProcess
+from .exits import EXIT_USAGE
+from .options import DEFAULT_GRACE_S, grace_s
 
-if TYPE_CHECKING:
-    from ._run import Launch
+__all__ = ["arguments", "process_command_line", "render_leftovers", "run"]
 
-__all__ = ["render_leftovers", "run_arguments", "run_command"]
-
+#: Before CMD runs: the session could not be registered.
 EXIT_REGISTER: Final = 1
-EXIT_USAGE: Final = 2
 EXIT_NOT_EXECUTABLE: Final = 126
 EXIT_NOT_FOUND: Final = 127
-#: ``--terminate-on-exit`` without a value: the grace of ``capsulectl terminate``.
-DEFAULT_GRACE_S: Final = 5.0
 #: The daemon's answer to the launcher's questions (a ping, the look at exit), seconds,
 #: unless ``--timeout`` says otherwise.
 LOOK_TIMEOUT_S: Final = 10.0
@@ -55,7 +53,7 @@ def _session_id(text: str) -> str:
     return text
 
 
-def run_arguments(parser: argparse.ArgumentParser) -> None:
+def arguments(parser: argparse.ArgumentParser) -> None:
     """``[--session ID] [--title T] [--context C] [--terminate-on-exit[=S]] [--wait] -- CMD``."""
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -89,13 +87,8 @@ def _say(text: str) -> None:
     print(f"capsulectl run: {text}", file=sys.stderr, flush=True)
 
 
-def run_command(args: argparse.Namespace, socket_path: Path) -> int:
+def run(args: argparse.Namespace, socket_path: Path) -> int:
     """Run ``capsulectl run``; returns the exit status (CMD's, once it ran)."""
-    # Imported here: every other command would pay for them (the store, subprocess).
-    from ._run import Launch, Terminal, exit_code, make_subreaper
-    from .launcher import new_session_id, register_launcher
-    from .store import StoreVersionError
-
     argv: list[str] = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -166,8 +159,6 @@ def _at_exit(
             if not left:
                 return
             if args.terminate_on_exit is not None:
-                from .launcher import release_launcher
-
                 release_launcher(home, *launcher)
                 _terminate(client, session_id, args.terminate_on_exit)
                 return
@@ -216,17 +207,18 @@ def _terminate(client: Client, session_id: str, grace_s: float) -> None:
     )
 
 
-def command_line(process: SessionProcess) -> str:
+def process_command_line(process: SessionProcess) -> str:
     """The process's argv as the daemon read it (``commands: true``), else as
     ``/proc/<pid>/cmdline`` says now, else what its receipt says, else ``?``."""
-    if isinstance(process.command, list):
-        return shlex.join(process.command)
-    try:
-        raw = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-    except OSError:
-        raw = b""
-    if raw:
-        return shlex.join(os.fsdecode(part) for part in raw.rstrip(b"\0").split(b"\0"))
+    line = command_line(process.command)
+    if line is None:
+        try:
+            raw = Path(f"/proc/{process.pid}/cmdline").read_bytes().rstrip(b"\0")
+        except OSError:
+            raw = b""
+        line = command_line([os.fsdecode(part) for part in raw.split(b"\0")] if raw else None)
+    if line is not None:
+        return line
     if isinstance(process.receipt_command, str):
         return process.receipt_command
     return "?"
@@ -242,5 +234,7 @@ def render_leftovers(session_id: str, processes: list[SessionProcess], now_s: fl
     width = max(len(str(p.pid)) for p in processes)
     for process in sorted(processes, key=lambda p: p.pid):
         age = duration(max(now_s - process.started_at, 0.0))
-        lines.append(f"  {process.pid:>{width}}  {age:>5}  {one_line(command_line(process))}")
+        lines.append(
+            f"  {process.pid:>{width}}  {age:>5}  {one_line(process_command_line(process))}"
+        )
     return "\n".join(lines)

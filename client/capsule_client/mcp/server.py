@@ -2,7 +2,7 @@
 (docs/design.md §11).
 
 Built on the official SDK (``mcp``, the extra ``capsuled[mcp]``); only
-``capsulectl mcp`` imports this module. Tools: ``list_sessions`` and
+``capsulectl mcp`` imports this package. Tools: ``list_sessions`` and
 ``session_processes`` (read-only), and ``terminate_session`` with
 ``--allow-terminate`` (destructive; the caller's own session, from
 ``CAPSULE_SESSION_ID``, unless ``--any-session``). Every failure a model can
@@ -24,8 +24,8 @@ from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from ._async_client import AsyncClient
-from ._exceptions import (
+from ..async_client import AsyncClient
+from ..errors import (
     CapsuleError,
     ConnectionLost,
     DaemonNotRunning,
@@ -35,7 +35,10 @@ from ._exceptions import (
     RemoteError,
     RequestTimeout,
 )
-from ._mcp_answers import (
+from ..kit.proc import boot_time_s, read_stat, start_time_s, ticks_per_s
+from ..text import one_line
+from ..wire import DEFAULT_GRACE_MS, MAX_PARAM_MS, ActiveSessionsSnapshot, TerminateReport
+from .answers import (
     Caller,
     SessionProcessesResult,
     SessionsResult,
@@ -47,9 +50,6 @@ from ._mcp_answers import (
     terminate_result,
     terminate_text,
 )
-from ._proc import boot_time_s, read_stat, start_time_s, ticks_per_s
-from ._text import one_line
-from .protocol import ActiveSessionsSnapshot, TerminateReport
 
 __all__ = ["SESSION_VARIABLE", "McpOptions", "build_server", "serve"]
 
@@ -64,8 +64,6 @@ SESSION_VARIABLE: Final = "CAPSULE_SESSION_ID"
 USAGE_INTERVAL_S: Final = 0.5
 #: The most ancestors read for ``this_agent`` (a guard: the chain ends at pid 1).
 MAX_ANCESTORS: Final = 64
-#: The longest grace ``terminate_session`` accepts, milliseconds (as ``session.terminate``).
-MAX_GRACE_MS: Final = 3_600_000
 
 INSTRUCTIONS: Final = (
     "capsuled knows every process an agent session started, by any means, with the "
@@ -105,7 +103,7 @@ GraceArgument = Annotated[
     int,
     Field(
         ge=0,
-        le=MAX_GRACE_MS,
+        le=MAX_PARAM_MS,
         description="milliseconds the processes have to exit after SIGTERM before SIGKILL",
     ),
 ]
@@ -299,7 +297,7 @@ def build_server(options: McpOptions, *, version: str = "") -> MCPServer:
         )
     )
     async def terminate_session(
-        session_id: SessionArgument = None, grace_ms: GraceArgument = 5000
+        session_id: SessionArgument = None, grace_ms: GraceArgument = DEFAULT_GRACE_MS
     ) -> Annotated[CallToolResult, TerminateResult]:
         """Stop every live process of a session — by default your own, and then this agent
         too, if it runs in it: SIGTERM, then SIGKILL for what is left after grace_ms. The

@@ -18,10 +18,15 @@ from typing import Any, Concatenate, Final, Generic, ParamSpec, Protocol, TypeVa
 import msgspec
 from msgspec import UNSET, Raw
 
-from ._exceptions import ClientClosed, ProtocolError, SubscriptionDropped, error_from_wire
-from .paths import default_socket
-from .protocol import (
+from .errors import ClientClosed, ProtocolError, SubscriptionDropped, error_from_wire
+from .kit.paths import default_socket
+from .kit.trace import DEFAULT_LOCK_TIMEOUT_S
+from .wire import (
+    DEFAULT_GRACE_MS,
+    DEFAULT_SNAPSHOT_TIMEOUT_MS,
+    DEFAULT_TIMEOUT_S,
     JSONRPC_VERSION,
+    MAX_PARAM_MS,
     SESSIONS_CHANGED,
     SESSIONS_DROPPED,
     ActiveSessionsSnapshot,
@@ -39,10 +44,10 @@ from .protocol import (
     TerminateSignal,
     UnsubscribeResult,
 )
-from .trace import DEFAULT_LOCK_TIMEOUT_S
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
+    "MAX_QUEUED_NOTIFICATIONS",
+    "MAX_REPLY_BYTES",
     "BaseClient",
     "Call",
     "ClientCore",
@@ -55,8 +60,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 M = TypeVar("M", bound=Callable[..., Any])
 
-#: Seconds a client waits for a reply unless told otherwise.
-DEFAULT_TIMEOUT_S: Final = 5.0
 #: Extra seconds a client waits beyond a server-side ``timeout_ms``.
 _SERVER_WAIT_MARGIN_S: Final = 2.0
 #: Seconds a reconcile may scan once it holds the trace's lock (a 1 GB trace takes ~2-5 s).
@@ -167,7 +170,7 @@ def snapshot(
     ):
         if value is not None:
             params[name] = value
-    wait_ms = 2000 if timeout_ms is None else timeout_ms
+    wait_ms = DEFAULT_SNAPSHOT_TIMEOUT_MS if timeout_ms is None else timeout_ms
     return Call(
         "sessions.snapshot",
         params,
@@ -198,7 +201,7 @@ def terminate(
     session_id: str,
     *,
     signal: TerminateSignal = "TERM",
-    grace_s: float = 5.0,
+    grace_s: float = DEFAULT_GRACE_MS / 1000,
     commands: bool = False,
 ) -> Call[TerminateReport]:
     """``session.terminate`` (docs/design.md §7): signal every live process of the
@@ -211,8 +214,10 @@ def terminate(
         NoSuchSession: the session is not active in the daemon's fresh observation.
         ValueError: ``grace_s`` is outside [0, 3600].
     """
-    if not 0 <= grace_s <= 3600:
-        raise ValueError(f"grace_s must be within [0, 3600] seconds, not {grace_s!r}")
+    if not 0 <= grace_s <= MAX_PARAM_MS / 1000:
+        raise ValueError(
+            f"grace_s must be within [0, {MAX_PARAM_MS / 1000:g}] seconds, not {grace_s!r}"
+        )
     grace_ms = round(grace_s * 1000)
     params: dict[str, Any] = {"session_id": session_id, "signal": signal, "grace_ms": grace_ms}
     if commands:

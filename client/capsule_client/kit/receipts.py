@@ -32,7 +32,7 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from . import _proc
+from . import proc
 from .paths import make_private_dirs
 
 __all__ = [
@@ -353,7 +353,7 @@ def process_start_time(pid: int) -> float:
     """The start time of process ``pid``, Unix seconds.
 
     Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
-    boot time from ``/proc/stat``, read by :mod:`capsule_client._proc`, the
+    boot time from ``/proc/stat``, read by :mod:`capsule_client.kit.proc`, the
     parser the daemon's process sample uses too — the same arithmetic as
     psutil's ``create_time()``. macOS: ``sysctl(KERN_PROC_PID)``'s
     ``p_starttime``.
@@ -371,8 +371,8 @@ def process_start_time(pid: int) -> float:
 
 
 def _linux_start_time(pid: int) -> float:
-    stat = _proc.read_stat(pid)
-    return _proc.start_time_s(stat.start_ticks, _proc.boot_time_s(), _proc.ticks_per_s())
+    stat = proc.read_stat(pid)
+    return proc.start_time_s(stat.start_ticks, proc.boot_time_s(), proc.ticks_per_s())
 
 
 class _Timeval(ctypes.Structure):

@@ -4,13 +4,12 @@ Each tool's result is one of the models here, sent as the structured content
 (its JSON schema is the tool's output schema), and a short text made from
 the same values: what runs, for how long, and what the user can do
 (docs/design.md §11). Built from the daemon's wire types
-(:mod:`capsule_client.protocol`); imported only by :mod:`capsule_client._mcp`,
-since it needs pydantic, which comes with the MCP SDK.
+(:mod:`capsule_client.wire`); imported only by :mod:`.server`, since it needs
+pydantic, which comes with the MCP SDK.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,9 +18,8 @@ from typing import Final
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
-from ._render import duration
-from ._text import one_line
-from .protocol import (
+from ..text import command_line, duration, one_line
+from ..wire import (
     ActiveSessionsSnapshot,
     ProcessKind,
     Session,
@@ -159,15 +157,13 @@ class Caller:
         return any(p == pid and abs(s - started_at) < 1.5 for p, s in self.processes)
 
 
-def command_line(argv: list[str] | UnsetType | None) -> str | None:
+def _command(argv: list[str] | UnsetType | None) -> str | None:
     """A process's argv from the daemon as one command line (``shlex.join``), cut at
     :data:`COMMAND_MAX_CHARS` with a final "…"; None where the OS does not say."""
-    if argv is None or argv is UNSET or not argv:
-        return None
-    line = shlex.join(argv)
-    if len(line) > COMMAND_MAX_CHARS:
-        return line[: COMMAND_MAX_CHARS - 1] + "…"
-    return line
+    line = command_line(argv)
+    if line is None or len(line) <= COMMAND_MAX_CHARS:
+        return line
+    return line[: COMMAND_MAX_CHARS - 1] + "…"
 
 
 def _started(unix_s: int) -> str:
@@ -182,7 +178,7 @@ def process_info(process: SessionProcess, observed_at: float, caller: Caller) ->
     return ProcessInfo(
         pid=process.pid,
         kind=process.kind,
-        command=command_line(process.command),
+        command=_command(process.command),
         receipt_command=None if process.receipt_command is UNSET else process.receipt_command,
         started_at=process.started_at,
         started=_started(process.started_at),
@@ -235,7 +231,7 @@ def terminate_result(report: TerminateReport) -> TerminateResult:
                 started_at=p.started_at,
                 outcome=p.outcome,
                 error=None if p.error is UNSET else p.error,
-                command=command_line(p.command),
+                command=_command(p.command),
             )
             for p in report.processes
         ],

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .protocol import (
+from .wire.constants import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -1,4 +1,4 @@
-"""What ``capsulectl`` prints: the tables for people (status, sessions, top, reconcile, watch).
+"""What ``capsulectl`` prints: the tables for people (status, sessions, top, watch).
 
 Every string that comes from a receipt or a trace goes through :func:`inert`
 or :func:`one_line` first, so it prints as one line that cannot act on the
@@ -8,36 +8,25 @@ terminal. The layouts are for people and may change (docs/design.md §9);
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
-from datetime import UTC, datetime
-from typing import Final, TextIO
+from datetime import datetime
+from typing import Final
 
 import msgspec
 
-from ._render_tree import Row, cut, shown, tree
-from ._text import inert, one_line
-from .protocol import (
+from ...text import duration, inert, one_line
+from ...wire import (
     ActiveSessionsSnapshot,
-    LostReport,
     Session,
     SessionProcess,
     SessionsChanged,
     StatusResult,
 )
+from .tree import Row, cut, shown, tree
 
 __all__ = [
     "JSON_ENCODER",
     "ChangePrinter",
-    "detach_time",
-    "duration",
-    "inert",
-    "one_line",
-    "print_json",
-    "quiet_stdout",
-    "render_reconcile",
     "render_sessions",
     "render_status",
     "render_top",
@@ -126,75 +115,8 @@ def _verification_line(status: StatusResult) -> str:
     return line
 
 
-def render_reconcile(from_session: str, report: LostReport | None) -> str:
-    """A ``session.reconcile`` result for people: a heading and one row per lost work."""
-    if report is None:
-        return (
-            f"Nothing to report: session {from_session} has no background command left "
-            "unaccounted (every detached command completed, was abandoned, or was already "
-            "reported lost)."
-        )
-    count = len(report.lost)
-    heading = (
-        f"Session {report.started_in_session} left {count} background "
-        f"command{'' if count == 1 else 's'} unaccounted; now marked lost in its trace.\n"
-        f"task {report.task_id}, trust {report.provenance.trust}, context {report.context_id}"
-    )
-    rows = [("WORK", "DETACHED", "BINARY", "COMMAND")]
-    rows.extend(
-        (
-            one_line(work.work_id),
-            detach_time(work.detached_at_ms),
-            one_line(work.binary),
-            one_line(work.command),
-        )
-        for work in report.lost
-    )
-    widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    table = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
-        + "  "
-        + row[3]
-        for row in rows
-    ]
-    return "\n".join([heading, "", *table])
-
-
-def detach_time(detached_at_ms: int) -> str:
-    """A work's ``detached_at_ms`` for people: ISO 8601 in UTC to the millisecond.
-
-    ``"2025-11-29T07:06:40.123Z"``; ``"not recorded"`` for 0 (the trace's
-    default when the member is absent, docs/design.md §6); ``"not a calendar
-    date"`` for milliseconds past what a date can show. Both the reconcile
-    report's text and ``capsulectl reconcile`` use it.
-    """
-    if detached_at_ms == 0:
-        return "not recorded"
-    try:
-        when = datetime.fromtimestamp(detached_at_ms / 1000, tz=UTC)
-    except (OverflowError, ValueError, OSError):
-        return "not a calendar date"
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _age(unix_s: float) -> str:
     return duration(max(time.time() - unix_s, 0.0))
-
-
-def duration(seconds: float) -> str:
-    """An age or uptime for people, in whole units cut down as ``ps`` cuts them.
-
-    Every unit is cut, none rounded, so 0.9 s is ``0s`` and 119.7 s is
-    ``1m59s`` (never ``1m60s``), and of two ages the larger never reads less.
-    """
-    whole = int(max(seconds, 0.0))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def _what(process: SessionProcess) -> str:
@@ -413,16 +335,3 @@ def _bytes(size: int) -> str:
             return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def print_json(out: TextIO, raw: bytes) -> None:
-    """A result as the daemon sent it (``--json``): one JSON document and a newline."""
-    out.write(raw.decode())
-    out.write("\n")
-
-
-def quiet_stdout(out: TextIO) -> None:
-    """After EPIPE on stdout, point it at /dev/null so the exit flush stays quiet."""
-    if out is sys.stdout:
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -7,7 +7,7 @@ status is CMD's. The session's leftovers are then listed by the daemon as
 descendants of the launcher, reported when CMD exits, and stoppable with
 ``session.terminate``.
 
->>> from capsule_client.launcher import spawn
+>>> from capsule_client.kit.launcher import spawn
 >>> launched = spawn(["npm", "run", "dev"], title="dev server")  # doctest: +SKIP
 >>> launched.process.wait()                                       # doctest: +SKIP
 """
@@ -48,7 +48,7 @@ def register_launcher(
     Returns the start time recorded, whole Unix seconds (for :func:`release_launcher`).
 
     Raises:
-        OSError, sqlite3.Error, capsule_client.store.StoreVersionError: the store
+        OSError, sqlite3.Error, capsule_client.kit.store.StoreVersionError: the store
             cannot be written.
     """
     with OwnershipStore(store_path(home)) as store:

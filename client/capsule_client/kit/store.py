@@ -26,8 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from capsule_client.paths import make_private_dirs
-from capsule_client.receipts import process_start_time
+from .paths import make_private_dirs
+from .receipts import process_start_time
 
 __all__ = ["SCHEMA", "USER_VERSION", "OwnershipStore", "StoreVersionError"]
 
@@ -71,7 +71,7 @@ class OwnershipStore:
     half of one. Use it as a context manager, or call :meth:`close`.
 
     Args:
-        path: the database file, usually ``capsule_client.paths.store_path(home)``;
+        path: the database file, usually ``capsule_client.kit.paths.store_path(home)``;
             its directory is created ``0700`` if missing.
 
     Raises:

@@ -12,26 +12,22 @@ cut to the terminal's width with ``…`` (``--wide`` and ``--json``: whole).
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import shutil
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, TextIO, TypeVar
 
 from msgspec import UnsetType
 
-from ._text import inert, one_line
+from ...text import command_line, inert, one_line
 
 __all__ = [
     "Row",
-    "command_line",
     "cut",
     "indent",
     "nested",
     "shown",
     "terminal_width",
     "tree",
-    "wide_argument",
 ]
 
 
@@ -115,24 +111,18 @@ def indent(depth: int) -> str:
     return "" if depth == 0 else "   " * (depth - 1) + " \\_ "
 
 
-def command_line(process: Listed, fallback: str = "") -> str:
-    """The process's argv as one inert line (``shlex.join``), else ``fallback``
-    (what its receipt says) made inert; a control character never reaches the terminal."""
-    argv = process.command
-    if isinstance(argv, list):
-        return inert(shlex.join(argv))
-    return one_line(fallback)
-
-
 def shown(row: Row, fallback: str = "") -> str:
-    """The command column of ``row``: indented, marked when its parent has exited."""
+    """The command column of ``row``: indented, marked when its parent has exited, the
+    process's command line made inert (``fallback``, what its receipt says, where the
+    daemon gave none)."""
     if row.lost_parent is None:
         mark = ""
     elif row.lost_parent <= 1:  # re-parented before the daemon first saw it
         mark = "[parent exited] "
     else:
         mark = f"[parent {row.lost_parent} exited] "
-    return indent(row.depth) + mark + command_line(row.process, fallback)
+    line = command_line(row.process.command)
+    return indent(row.depth) + mark + (one_line(fallback) if line is None else inert(line))
 
 
 def cut(line: str, width: int | None) -> str:
@@ -151,13 +141,3 @@ def terminal_width(out: TextIO) -> int | None:
     except ValueError:  # closed
         return None
     return shutil.get_terminal_size().columns
-
-
-def wide_argument(parser: argparse.ArgumentParser) -> None:
-    """``--wide``: whole command lines, and the receipts' ids and paths."""
-    parser.add_argument(
-        "--wide",
-        action="store_true",
-        help="whole command lines (not cut to the terminal's width), and each receipt's "
-        "exec or input id and path",
-    )
