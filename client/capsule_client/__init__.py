@@ -21,8 +21,6 @@ does not load anyio for ``AsyncClient`` (docs/design.md §9).
 
 from __future__ import annotations
 
-import importlib as _importlib
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .async_client import AsyncClient, AsyncSubscription
@@ -80,24 +78,30 @@ __all__ = [
     "default_socket",
 ]
 
-#: The module each name of ``__all__`` is defined in; the names not listed are the
-#: exceptions, of ``errors``.
-_DEFINED_IN = {
-    "AsyncClient": "async_client",
-    "AsyncSubscription": "async_client",
-    "Client": "client",
-    "Subscription": "client",
-    "DEFAULT_TIMEOUT_S": "wire.constants",
-    "default_home": "kit.paths",
-    "default_socket": "kit.paths",
-}
-
 
 def __getattr__(name: str) -> object:
     """A name of ``__all__``, imported from the module that defines it on first use."""
-    if name not in __all__:
+    if name in ("Client", "Subscription"):
+        from . import client
+
+        value = getattr(client, name)
+    elif name in ("AsyncClient", "AsyncSubscription"):
+        from . import async_client
+
+        value = getattr(async_client, name)
+    elif name == "DEFAULT_TIMEOUT_S":
+        from .wire import constants
+
+        value = constants.DEFAULT_TIMEOUT_S
+    elif name in ("default_home", "default_socket"):
+        from .kit import paths
+
+        value = getattr(paths, name)
+    elif name in __all__:
+        from . import errors
+
+        value = getattr(errors, name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _importlib.import_module(f"{__name__}.{_DEFINED_IN.get(name, 'errors')}")
-    value = getattr(module, name)
     globals()[name] = value
     return value

@@ -11,17 +11,15 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, Final, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, Final, Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import msgspec
 from msgspec import UNSET, Raw
 
 from .errors import ClientClosed, ProtocolError, SubscriptionDropped, error_from_wire
 from .kit.paths import default_socket
-from .kit.trace import DEFAULT_LOCK_TIMEOUT_S
-from .wire import (
+from .wire.constants import (
     DEFAULT_GRACE_MS,
     DEFAULT_SNAPSHOT_TIMEOUT_MS,
     DEFAULT_TIMEOUT_S,
@@ -29,19 +27,21 @@ from .wire import (
     MAX_PARAM_MS,
     SESSIONS_CHANGED,
     SESSIONS_DROPPED,
+    TRACE_LOCK_TIMEOUT_S,
+)
+from .wire.envelope import Request, Response
+from .wire.params import TerminateSignal
+from .wire.results import (
     ActiveSessionsSnapshot,
     LostReport,
     MetricsResult,
     PingResult,
-    Request,
     RescanResult,
-    Response,
     SessionsChanged,
     SessionsDropped,
     StatusResult,
     SubscribeResult,
     TerminateReport,
-    TerminateSignal,
     UnsubscribeResult,
 )
 
@@ -82,12 +82,9 @@ MAX_REPLY_BYTES: Final = 1 << 30
 
 _encoder: Final = msgspec.json.Encoder()
 _response: Final = msgspec.json.Decoder(Response)
-_changed: Final = msgspec.json.Decoder(SessionsChanged)
-_dropped: Final = msgspec.json.Decoder(SessionsDropped)
 
 
-@dataclass(frozen=True, slots=True)
-class Call(Generic[T]):
+class Call(NamedTuple, Generic[T]):
     """One method call: what to send and how to read the result.
 
     Attributes:
@@ -102,10 +99,11 @@ class Call(Generic[T]):
     params: dict[str, Any] | None
     result_type: Any
     min_timeout_s: float = 0.0
-    decoder: msgspec.json.Decoder[Any] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "decoder", _decoder_for(self.result_type))
+    @property
+    def decoder(self) -> msgspec.json.Decoder[Any]:
+        """The typed decoder of the result (one per result type, made on first use)."""
+        return _decoder_for(self.result_type)
 
 
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -183,7 +181,7 @@ def reconcile(from_session: str, this_session: str, context_id: str) -> Call[Los
     """``session.reconcile`` (docs/design.md §6): ``from_session``'s lost work, or ``None``."""
     params = {"from_session": from_session, "this_session": this_session, "context_id": context_id}
     # The daemon may wait this long for the trace's lock, then scan: don't give up first.
-    wait_s = DEFAULT_LOCK_TIMEOUT_S + _RECONCILE_SCAN_ALLOWANCE_S
+    wait_s = TRACE_LOCK_TIMEOUT_S + _RECONCILE_SCAN_ALLOWANCE_S
     return Call("session.reconcile", params, LostReport | None, min_timeout_s=wait_s)
 
 
@@ -483,9 +481,11 @@ class ClientCore:
             return
         try:
             if message.method == SESSIONS_CHANGED:
-                event: SessionsChanged | SessionsDropped = _changed.decode(message.params)
+                event: SessionsChanged | SessionsDropped = _decoder_for(SessionsChanged).decode(
+                    message.params
+                )
             elif message.method == SESSIONS_DROPPED:
-                event = _dropped.decode(message.params)
+                event = _decoder_for(SessionsDropped).decode(message.params)
             else:
                 return  # a notification this client does not know: ignored
         except msgspec.DecodeError as exc:

@@ -38,6 +38,7 @@ import msgspec
 import uuid_utils
 from msgspec import UNSET, Struct, UnsetType
 
+from ..wire.constants import TRACE_LOCK_TIMEOUT_S
 from .paths import make_private_dirs
 
 __all__ = [
@@ -67,8 +68,8 @@ __all__ = [
 #: The trace's file name inside a session directory.
 TRACE_FILE_NAME: Final = "trace.jsonl"
 
-#: How long an append or a reconcile waits for another holder of the lock.
-DEFAULT_LOCK_TIMEOUT_S: Final = 10.0
+#: How long an append or a reconcile waits for another holder of the lock, seconds.
+DEFAULT_LOCK_TIMEOUT_S: Final = TRACE_LOCK_TIMEOUT_S
 
 Trust = Literal["trusted", "untrusted"]
 

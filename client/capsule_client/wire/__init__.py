@@ -25,10 +25,10 @@ module when first asked for, so that reading a constant does not load msgspec.
 
 from __future__ import annotations
 
-import importlib as _importlib
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from .constants import (
         DEFAULT_GRACE_MS,
         DEFAULT_SNAPSHOT_TIMEOUT_MS,
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         PARSE_ERROR,
         SESSIONS_CHANGED,
         SESSIONS_DROPPED,
+        TRACE_LOCK_TIMEOUT_S,
         VERSION,
         ErrorCode,
     )
@@ -110,6 +111,7 @@ __all__ = [
     "PARSE_ERROR",
     "SESSIONS_CHANGED",
     "SESSIONS_DROPPED",
+    "TRACE_LOCK_TIMEOUT_S",
     "VERSION",
     "ActiveSessionsSnapshot",
     "DiscoveryCost",
@@ -155,17 +157,22 @@ __all__ = [
     "WatcherMode",
 ]
 
-#: The modules that define the names above, the one without imports first.
-_MODULES = ("constants", "envelope", "params", "results")
-
 
 def __getattr__(name: str) -> object:
-    """A name of ``__all__``, imported from the module that defines it on first use."""
-    if name in __all__:
-        for module_name in _MODULES:
-            module = _importlib.import_module(f"{__name__}.{module_name}")
-            if name in module.__all__:
-                value = getattr(module, name)
-                globals()[name] = value
-                return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """A name of ``__all__``, imported from the module that defines it on first use: the
+    constants alone, the Structs (and msgspec) together."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import constants
+
+    modules: tuple[ModuleType, ...] = (constants,)
+    if name not in constants.__all__:
+        from . import envelope, params, results
+
+        modules = (envelope, params, results)
+    for module in modules:
+        if name in module.__all__:
+            value = getattr(module, name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"{__name__}.__all__ names {name!r}, which no module defines")

@@ -25,6 +25,7 @@ __all__ = [
     "PARSE_ERROR",
     "SESSIONS_CHANGED",
     "SESSIONS_DROPPED",
+    "TRACE_LOCK_TIMEOUT_S",
     "VERSION",
     "ErrorCode",
 ]
@@ -75,6 +76,11 @@ DEFAULT_GRACE_MS: Final = 5000
 
 #: ``sessions.snapshot``'s ``timeout_ms`` when the params do not give one.
 DEFAULT_SNAPSHOT_TIMEOUT_MS: Final = 2000
+
+#: Seconds a trace's writer, and ``session.reconcile`` in the daemon, wait for another
+#: holder of the trace's lock (docs/design.md §6): a client waits for a reconcile at
+#: least this long before the daemon's scan even starts.
+TRACE_LOCK_TIMEOUT_S: Final = 10.0
 
 #: Seconds a client waits for a reply unless told otherwise (docs/design.md §9).
 DEFAULT_TIMEOUT_S: Final = 5.0
