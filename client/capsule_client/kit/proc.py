@@ -14,14 +14,15 @@ being the boot time from ``/proc/stat``: the same arithmetic as psutil's
 writer agree to the bit (docs/design.md §3 liveness).
 
 Receipt writers, the daemon's process sample and its exit watch all read the
-stat line through here. Off Linux there is no ``/proc``; callers use psutil or
-``sysctl`` instead.
+stat line through here. Off Linux there is no ``/proc``: the daemon uses psutil,
+and :func:`process_start_time`, the writers' start time, asks ``sysctl`` on macOS.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import Final, NamedTuple
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "boot_time_s",
     "parse_exec_mark",
     "parse_stat",
+    "process_start_time",
     "read_stat",
     "read_stat_line",
     "start_time_s",
@@ -166,3 +168,55 @@ def ticks_per_s() -> int:
 def start_time_s(start_ticks: int, boot_s: int, ticks: int) -> float:
     """A ``starttime`` as Unix seconds: ``boot_s + start_ticks / ticks``."""
     return boot_s + start_ticks / ticks
+
+
+# --------------------------------------------------------------------------
+# Process start time from the OS (no psutil on the client side)
+
+
+def process_start_time(pid: int) -> float:
+    """The start time of process ``pid``, Unix seconds.
+
+    Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
+    boot time from ``/proc/stat``, read by the parser above, which the daemon's
+    process sample uses too — the same arithmetic as psutil's ``create_time()``.
+    macOS: ``sysctl(KERN_PROC_PID)``'s ``p_starttime``.
+
+    Raises:
+        ProcessLookupError: no process ``pid``.
+        OSError: the platform is neither Linux nor macOS, or the OS refused.
+        ValueError: ``/proc/<pid>/stat`` could not be parsed.
+    """
+    if sys.platform.startswith("linux"):
+        stat = read_stat(pid)
+        return start_time_s(stat.start_ticks, boot_time_s(), ticks_per_s())
+    if sys.platform == "darwin":
+        return _darwin_start_time(pid)
+    raise OSError(f"reading a process start time is not supported on {sys.platform}")
+
+
+_CTL_KERN = 1
+_KERN_PROC = 14
+_KERN_PROC_PID = 1
+#: sizeof(struct kinfo_proc) on 64-bit macOS; kp_proc.p_starttime is its first member.
+_KINFO_PROC_SIZE = 648
+
+
+def _darwin_start_time(pid: int) -> float:  # pragma: no cover - exercised on macOS only
+    import ctypes  # macOS only: Linux reads /proc
+    import ctypes.util
+
+    class Timeval(ctypes.Structure):
+        _fields_ = (("tv_sec", ctypes.c_int64), ("tv_usec", ctypes.c_int32))
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    mib = (ctypes.c_int * 4)(_CTL_KERN, _KERN_PROC, _KERN_PROC_PID, pid)
+    buffer = ctypes.create_string_buffer(_KINFO_PROC_SIZE)
+    size = ctypes.c_size_t(_KINFO_PROC_SIZE)
+    if libc.sysctl(mib, 4, buffer, ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    if size.value == 0:
+        raise ProcessLookupError(pid, f"no process {pid}")
+    start = Timeval.from_buffer_copy(buffer.raw[: ctypes.sizeof(Timeval)])
+    return float(start.tv_sec) + float(start.tv_usec) / 1_000_000

@@ -21,19 +21,16 @@ clock, because the daemon matches it against its own process sample.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from . import proc
 from .paths import make_private_dirs
+from .proc import process_start_time
 
 __all__ = [
     "EXEC_RECEIPT_TOLERANCE_S",
@@ -343,58 +340,3 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-# --------------------------------------------------------------------------
-# Process start time from the OS (no psutil on the client side)
-
-
-def process_start_time(pid: int) -> float:
-    """The start time of process ``pid``, Unix seconds.
-
-    Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
-    boot time from ``/proc/stat``, read by :mod:`capsule_client.kit.proc`, the
-    parser the daemon's process sample uses too — the same arithmetic as
-    psutil's ``create_time()``. macOS: ``sysctl(KERN_PROC_PID)``'s
-    ``p_starttime``.
-
-    Raises:
-        ProcessLookupError: no process ``pid``.
-        OSError: the platform is neither Linux nor macOS, or the OS refused.
-        ValueError: ``/proc/<pid>/stat`` could not be parsed.
-    """
-    if sys.platform.startswith("linux"):
-        return _linux_start_time(pid)
-    if sys.platform == "darwin":
-        return _darwin_start_time(pid)
-    raise OSError(f"reading a process start time is not supported on {sys.platform}")
-
-
-def _linux_start_time(pid: int) -> float:
-    stat = proc.read_stat(pid)
-    return proc.start_time_s(stat.start_ticks, proc.boot_time_s(), proc.ticks_per_s())
-
-
-class _Timeval(ctypes.Structure):
-    _fields_ = (("tv_sec", ctypes.c_int64), ("tv_usec", ctypes.c_int32))
-
-
-_CTL_KERN = 1
-_KERN_PROC = 14
-_KERN_PROC_PID = 1
-#: sizeof(struct kinfo_proc) on 64-bit macOS; kp_proc.p_starttime is its first member.
-_KINFO_PROC_SIZE = 648
-
-
-def _darwin_start_time(pid: int) -> float:  # pragma: no cover - exercised on macOS only
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    mib = (ctypes.c_int * 4)(_CTL_KERN, _KERN_PROC, _KERN_PROC_PID, pid)
-    buffer = ctypes.create_string_buffer(_KINFO_PROC_SIZE)
-    size = ctypes.c_size_t(_KINFO_PROC_SIZE)
-    if libc.sysctl(mib, 4, buffer, ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
-    if size.value == 0:
-        raise ProcessLookupError(pid, f"no process {pid}")
-    start = _Timeval.from_buffer_copy(buffer.raw[: ctypes.sizeof(_Timeval)])
-    return float(start.tv_sec) + float(start.tv_usec) / 1_000_000

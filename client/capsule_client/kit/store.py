@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Final, Self
 
 from .paths import make_private_dirs
-from .receipts import process_start_time
+from .proc import process_start_time
 
 __all__ = ["SCHEMA", "USER_VERSION", "OwnershipStore", "StoreVersionError"]
 
