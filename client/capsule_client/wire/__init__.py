@@ -18,6 +18,11 @@ Conventions on the wire:
   an error instead of being silently ignored; unknown members in results are
   ignored by the client (forward compatibility).
 
+The Struct modules do not use ``from __future__ import annotations``: msgspec
+then reads their annotations as the objects they are, instead of compiling each
+one from its string when the first decoder of a type is made (every command and
+the daemon make several).
+
 What it may import: msgspec and the standard library, nothing else of the
 package (the daemon imports it, docs/design.md §1). A name is imported from its
 module when first asked for, so that reading a constant does not load msgspec.

@@ -6,7 +6,7 @@ wrong member type can still be answered with the request's ``id``, then the
 ``params`` with the method's own type (:data:`~capsule_client.wire.params.METHOD_PARAMS`).
 """
 
-from __future__ import annotations
+# Annotations are objects here, not strings: see the package's docstring.
 
 from typing import Any
 

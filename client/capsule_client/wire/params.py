@@ -5,7 +5,7 @@ instead of being silently ignored. :data:`METHOD_PARAMS` is the list of
 methods: one not in it does not exist.
 """
 
-from __future__ import annotations
+# Annotations are objects here, not strings: see the package's docstring.
 
 from typing import Annotated, Final, Literal
 

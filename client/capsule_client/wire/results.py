@@ -3,7 +3,7 @@
 Unknown members in results are ignored by the client (forward compatibility).
 """
 
-from __future__ import annotations
+# Annotations are objects here, not strings: see the package's docstring.
 
 from typing import Literal
 
