@@ -3,18 +3,31 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-slow test-tools lint bench bench-quick clean
+.PHONY: run test test-slow test-tools lint bench bench-quick clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# The checkout is installed editable in setuptools' strict mode: a .pth line naming
+# a tree of links to the sources (build/__editable__.*), so that an interpreter start
+# imports nothing for it, as with the `pip install .` users get. (The default mode
+# imports a finder, with pathlib and urllib, into every start of every command; the
+# compat mode cannot map two source roots.) A tree of links does not see a module
+# added or removed: the list of them below reinstalls when it changes.
+EDITABLE := --config-settings editable_mode=strict
+MODULES := $(VENV)/.modules
+
+$(MODULES): FORCE | $(BIN)/python
+	@find daemon client -name '*.py' -o -name py.typed | LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+$(VENV)/.installed-run: pyproject.toml $(MODULES) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml $(MODULES) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[test]'
 	touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run
@@ -87,4 +100,4 @@ $(CLAUDE_CODE): tests/claude_code/package.json tests/claude_code/package-lock.js
 	fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

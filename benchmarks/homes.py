@@ -14,7 +14,7 @@ a running ``sleep`` of the pool with a start time a day too early (a reused
 pid). Both are what the reader must drop as stale.
 
 Receipts are encoded with the writer kit's own structs
-(``capsule_client.receipts``), but written without the kit's ``fsync``s and
+(``capsule_client.kit.receipts``), but written without the kit's ``fsync``s and
 renames (200,000 ``fsync``s would measure the disk, not the daemon); the
 schema is created by the kit's ``OwnershipStore`` and filled in one
 transaction for the same reason.
@@ -46,7 +46,7 @@ REUSED_PID_SHIFT_S = 86_400.0
 
 def start_time_s(pid: int) -> float:
     """The start time of ``pid`` as the writer kit reads it from the OS."""
-    from capsule_client.receipts import process_start_time
+    from capsule_client.kit.receipts import process_start_time
 
     return process_start_time(pid)
 
@@ -158,9 +158,9 @@ def generate_home(home: Path, n: int, pool: SleepPool, *, stale: int = 0) -> Gen
     Raises:
         FileExistsError: ``home`` exists.
     """
-    from capsule_client.paths import store_path
-    from capsule_client.receipts import ExecReceipt, ProviderClientReceipt
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.receipts import ExecReceipt, ProviderClientReceipt
+    from capsule_client.kit.store import OwnershipStore
 
     encode = msgspec.json.Encoder().encode
     total = n + stale

@@ -9,7 +9,7 @@ ANSI colour codes (``\\u001b``) and the text ``"event_type": "shell_detached"``
 inside a string, some shell events have their members in another order, and
 the file ends in a torn line without its newline.
 
-The shell events use the writer kit's structs (``capsule_client.trace``).
+The shell events use the writer kit's structs (``capsule_client.kit.trace``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def generate_trace(
     Every ``detach_every``-th line detaches a shell (most are accounted for 3
     lines later); the other lines carry ``words`` (fewest, most) words of text.
     """
-    from capsule_client.trace import (
+    from capsule_client.kit.trace import (
         SessionStart,
         ShellAbandoned,
         ShellCompleted,

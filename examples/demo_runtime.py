@@ -35,14 +35,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capsule_client.paths import default_home, records_root, store_path
-from capsule_client.receipts import (
+from capsule_client.kit.paths import default_home, records_root, store_path
+from capsule_client.kit.receipts import (
     make_private_dirs,
     write_exec_receipt,
     write_provider_client_receipt,
 )
-from capsule_client.store import OwnershipStore
-from capsule_client.trace import TraceWriter
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.kit.trace import TraceWriter
 
 
 def start_sleep(seconds: int) -> int:

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from support import DaemonProcess, short_tmpdir
 
 from capsule_client import Client
-from capsule_client.paths import store_path
-from capsule_client.protocol import SessionsChanged
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import SessionsChanged
 
 TARGETS_P99_MS = {"receipt": 50.0, "exit": 20.0}
 

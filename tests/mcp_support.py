@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from capsule_client.paths import store_path
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
 
 
 def own(home: Path, session_id: str, pids: Sequence[int] = ()) -> None:

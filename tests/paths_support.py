@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from capsule_client import Client
-from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, Session, SessionProcess
 
 #: A process as the views compare it: (kind, pid, started_at, receipt, input or exec id).
 Process = tuple[str, int, int, str, str]

@@ -86,7 +86,7 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------
-# Params and results of the methods (docs/design.md §7; capsule_client.protocol)
+# Params and results of the methods (docs/design.md §7; capsule_client.wire)
 
 
 def no_params(params: Any) -> str | None:

@@ -15,7 +15,7 @@ import pytest
 from sessions_support import proc_state
 
 from capsule_client import Client
-from capsule_client.protocol import SessionProcess
+from capsule_client.wire import SessionProcess
 
 #: The launcher, as a separate process (it must be the process that stays).
 CAPSULECTL = [sys.executable, "-m", "capsule_client.cli"]

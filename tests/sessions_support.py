@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 from support import wait_until
 
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot
-from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot
 from capsuled.reader import ActiveSessionReader
 from capsuled.reader.store import Ownership, OwnershipReader
 from capsuled.watch.changes import ChangeFeed

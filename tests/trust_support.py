@@ -34,21 +34,21 @@ import msgspec
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.paths import store_path
-from capsule_client.protocol import (
-    ActiveSessionsSnapshot,
-    DiscoveryCost,
-    VerificationStatus,
-    WatchStatus,
-)
-from capsule_client.receipts import (
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import (
     ExecReceipt,
     ProviderClientReceipt,
     process_start_time,
     write_exec_receipt,
     write_provider_client_receipt,
 )
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import (
+    ActiveSessionsSnapshot,
+    DiscoveryCost,
+    VerificationStatus,
+    WatchStatus,
+)
 
 T = TypeVar("T")
 

@@ -25,6 +25,7 @@ from . import (
     reconcile,
     scan,
     snapshot,
+    startup,
     terminate,
     verify,
 )
@@ -218,6 +219,18 @@ SCENARIOS: tuple[Scenario, ...] = (
             "list_sessions at 100 sessions: p50 / p99",
         ),
         run=mcp.run,
+    ),
+    Scenario(
+        number=20,
+        title="command start-up: capsulectl --version, sessions, run -- true, mcp",
+        baseline="`python3 -I -c pass`, the system's python3, alternating with the commands",
+        targets=(
+            "capsulectl --version <= 2x python3 -I -c pass",
+            "capsulectl sessions <= 5x python3 -I -c pass",
+            "capsulectl run -- true <= 6x python3 -I -c pass",
+            "capsulectl mcp: spawn to the initialize reply",
+        ),
+        run=startup.run,
     ),
 )
 

@@ -55,7 +55,7 @@ def _median(values: list[float]) -> float:
 
 def run(ctx: Context) -> Outcome:
     """Alternate find + cat and the daemon's cold start; judge one walk and the ratio."""
-    require_modules("capsuled.watch.inotify", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsule_client.kit.receipts")
     receipts = ctx.size(quick=1000, full=100_000)
     trials = ctx.size(quick=1, full=3)
     home = ctx.home(receipts).home

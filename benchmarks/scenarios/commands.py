@@ -42,7 +42,7 @@ def _without_commands(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(ctx: Context) -> Outcome:
     """p50 / p99 of the plain and the commands snapshot; the plain reply unchanged."""
-    require_modules("capsuled.processes.argv", "capsule_client.receipts")
+    require_modules("capsuled.processes.argv", "capsule_client.kit.receipts")
     stale = ctx.size(quick=1000, full=10_000)
     home = ctx.home(REALISTIC_LIVE, stale=stale)
     blocks = ctx.size(quick=4, full=10)

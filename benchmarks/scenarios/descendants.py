@@ -59,9 +59,9 @@ for line in sys.stdin:
 
 def _own(home: Path, session_id: str, pids: dict[str, int]) -> None:
     """Register ``session_id`` owning each exec of ``pids`` and write its receipt."""
-    from capsule_client.paths import store_path
-    from capsule_client.receipts import write_exec_receipt
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.receipts import write_exec_receipt
+    from capsule_client.kit.store import OwnershipStore
 
     with OwnershipStore(store_path(home)) as store:
         store.register_session(session_id)
@@ -170,7 +170,7 @@ def _spread(samples: list[float]) -> list[str]:
 
 def run(ctx: Context) -> Outcome:
     """Fork latency trials, then one idle window of the two daemons."""
-    require_modules("capsuled.processes.descendants", "capsule_client.receipts")
+    require_modules("capsuled.processes.descendants", "capsule_client.kit.receipts")
     found, gone = _fork_latency(ctx)
     ctx.log(f"15: fork -> listed p50 {_ms(found, 50)}, p99 {_ms(found, 99)}")
     figures, window_s, observations = _idle(ctx)

@@ -51,7 +51,7 @@ from benchmarks.scenarios.snapshot import wait_for_answer
 from benchmarks.stats import complete_p99, fmt_s, latency_cell
 
 if TYPE_CHECKING:
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.store import OwnershipStore
 
 __all__ = ["run"]
 
@@ -145,7 +145,7 @@ def _trial(
     name: str,
     rng: random.Random,
 ) -> dict[str, float | None]:
-    from capsule_client.receipts import write_exec_receipt
+    from capsule_client.kit.receipts import write_exec_receipt
 
     exec_id = f"exe_event_{name}"
     marker = f'"exec_id":"{exec_id}"'.encode()
@@ -192,9 +192,11 @@ _LABELS = {
 def run(ctx: Context) -> Outcome:
     """Time written -> visible, store write -> visible and killed -> gone with plain
     requests, at about 100 and about 600 processes; the floors beside."""
-    require_modules("capsuled.watch.inotify", "capsuled.processes.exits", "capsule_client.receipts")
-    from capsule_client.paths import store_path
-    from capsule_client.store import OwnershipStore
+    require_modules(
+        "capsuled.watch.inotify", "capsuled.processes.exits", "capsule_client.kit.receipts"
+    )
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.store import OwnershipStore
 
     trials = ctx.size(quick=5, full=150)
     stale = ctx.size(quick=1_000, full=STALE)

@@ -141,7 +141,7 @@ class _InotifyAsk:
 
 
 def _write(home: GeneratedHome, pool: SleepPool, trial: int) -> None:
-    from capsule_client.receipts import exec_receipt_path, write_exec_receipt
+    from capsule_client.kit.receipts import exec_receipt_path, write_exec_receipt
 
     pid = pool.pids[trial % len(pool.pids)]
     write_exec_receipt(home.home, _name(trial), pid, command="ryw", started_at_s=pool.starts[pid])
@@ -159,8 +159,8 @@ def _cell(tally: _Tally) -> str:
 
 def run(ctx: Context) -> Outcome:
     """Alternate write-then-ask trials between the daemon and the baseline."""
-    require_modules("capsuled.watch.inotify", "capsule_client.receipts")
-    from capsule_client.receipts import exec_receipt_path
+    require_modules("capsuled.watch.inotify", "capsule_client.kit.receipts")
+    from capsule_client.kit.receipts import exec_receipt_path
 
     stale = ctx.size(quick=1000, full=10_000)
     trials = ctx.size(quick=50, full=1000)

@@ -209,7 +209,7 @@ def _worst(rows: list[_Row], value: Callable[[_Row], float]) -> _Row:
 
 def run(ctx: Context) -> Outcome:
     """Each home in turn: one daemon, two idle windows (about 100 and about 600 processes)."""
-    require_modules("capsuled.watch.inotify", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsule_client.kit.receipts")
     watcher, unavailable = _watcher(ctx)
     rows: list[_Row] = []
     threads: dict[str, str] = {}

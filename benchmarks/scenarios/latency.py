@@ -44,7 +44,7 @@ from benchmarks.scenarios.snapshot import wait_for_answer
 from benchmarks.stats import complete_p99, fmt_s, latency_cell, summarize
 
 if TYPE_CHECKING:
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.store import OwnershipStore
 
 __all__ = ["run"]
 
@@ -109,7 +109,7 @@ class _Waiter:
 def _trial(
     home: Path, waiter: _Waiter, store: OwnershipStore, trial: int, rng: random.Random
 ) -> tuple[float | None, float | None]:
-    from capsule_client.receipts import write_exec_receipt
+    from capsule_client.kit.receipts import write_exec_receipt
 
     exec_id = f"exe_trial_{trial:04d}"
     marker = f'"exec_id":"{exec_id}"'.encode()
@@ -136,9 +136,9 @@ def _trial(
 
 def run(ctx: Context) -> Outcome:
     """Time written -> visible and killed -> gone, polling and long-polling."""
-    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
-    from capsule_client.paths import store_path
-    from capsule_client.store import OwnershipStore
+    require_modules("capsuled.reader", "capsule_client.kit.receipts", "capsule_client.kit.store")
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.store import OwnershipStore
 
     background = 100
     trials: dict[Mode, int] = {
@@ -199,7 +199,7 @@ def run(ctx: Context) -> Outcome:
         f"{background} background receipts; the daemon runs with its defaults "
         f"(`--sample-interval` {SAMPLE_INTERVAL_S:g} s). The pauses before the kills (and, "
         "long-polling, the writes) are random within it.",
-        "Visible: from the return of `capsule_client.receipts.write_exec_receipt` (temp file, "
+        "Visible: from the return of `capsule_client.kit.receipts.write_exec_receipt` (temp file, "
         "fsync, rename, fsync of the directory) to the first reply listing the exec. "
         "Gone: from `kill()` to the first reply without it. Polling adds up to "
         f"{POLL_INTERVAL_S * 1000:g} ms of resolution.",

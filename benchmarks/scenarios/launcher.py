@@ -167,7 +167,7 @@ def _ms(samples: list[float], p: float) -> str:
 
 def run(ctx: Context) -> Outcome:
     """The fixed cost with and without a daemon, the RSS, then the orphan trials."""
-    require_modules("capsule_client.launcher")
+    require_modules("capsule_client.kit.launcher")
     scratch = ctx.scratch("launcher")
     home = scratch / "home"
     home.mkdir(mode=0o700)

@@ -109,11 +109,13 @@ class _Subscriber:
 def run(ctx: Context) -> Outcome:
     """Time receipt -> notification and exit -> notification for one subscriber."""
     require_modules(
-        "capsuled.discovery.subscriptions", "capsuled.processes.exits", "capsule_client.receipts"
+        "capsuled.discovery.subscriptions",
+        "capsuled.processes.exits",
+        "capsule_client.kit.receipts",
     )
-    from capsule_client.paths import store_path
-    from capsule_client.receipts import write_exec_receipt
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.receipts import write_exec_receipt
+    from capsule_client.kit.store import OwnershipStore
 
     background = 100
     trials = ctx.size(quick=3, full=200)

@@ -38,8 +38,8 @@ SESSIONS = 100
 
 def _own(home: Path, pids: list[int]) -> None:
     """One session per pid (``ses_b<n>``), each owning its process by (pid, start) row."""
-    from capsule_client.paths import store_path
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.store import OwnershipStore
 
     with OwnershipStore(store_path(home)) as store:
         for number, pid in enumerate(pids):
@@ -136,7 +136,7 @@ def _row(name: str, samples: list[float]) -> list[str]:
 
 def run(ctx: Context) -> Outcome:
     """Servers started and timed to their first answer, then calls on the last one."""
-    require_modules("mcp", "capsule_client._mcp")
+    require_modules("mcp", "capsule_client.mcp.server")
     starts = ctx.size(quick=2, full=10)
     calls = ctx.size(quick=10, full=200)
     home = ctx.scratch("mcp") / "home"

@@ -65,7 +65,7 @@ def _measure(ctx: Context, home: Path, receipts: int, name: str) -> _Memory:
 
 def run(ctx: Context) -> Outcome:
     """RSS on an empty home and at each size; judge the bytes per retained receipt."""
-    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
+    require_modules("capsuled.reader", "capsule_client.kit.receipts", "capsule_client.kit.store")
     sizes = ctx.size(quick=(1000,), full=(10_000, 100_000))
     empty = ctx.workdir / "empty-home"
     empty.mkdir(mode=0o700)

@@ -15,7 +15,7 @@ import msgspec
 
 from benchmarks.harness import Context, Outcome, Table, report
 from benchmarks.stats import fmt_s, summarize, time_calls
-from capsule_client.protocol import (
+from capsule_client.wire import (
     METHOD_PARAMS,
     ActiveSessionsSnapshot,
     DiscoveryCost,

@@ -179,7 +179,7 @@ def _trace_trials(
 
 def run(ctx: Context) -> Outcome:
     """Time reconcile and grep on the same copies of each trace; judge the ratios."""
-    require_modules("capsuled.reconcile.prior_session", "capsule_client.trace")
+    require_modules("capsuled.reconcile.prior_session", "capsule_client.kit.trace")
     trials = ctx.size(quick=1, full=3)
     scratch = ctx.scratch("reconcile")
     home = scratch / "home"

@@ -67,7 +67,7 @@ def _cost(snapshot: Any) -> str:
 
 def run_cold(ctx: Context) -> Outcome:
     """Scenario 2: a fresh reader's first observation, against ``find -exec cat``."""
-    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
+    require_modules("capsuled.reader", "capsule_client.kit.receipts", "capsule_client.kit.store")
     sizes = ctx.size(quick=(1000,), full=(10_000, 100_000))
     trials = ctx.size(quick=1, full=3)
     rows: list[list[str]] = []
@@ -117,7 +117,11 @@ def run_cold(ctx: Context) -> Outcome:
 
 def _change_one(home: Path, exec_id: str, trial: int) -> Path:
     """Rewrite one exec receipt with the writer kit: same process, another command."""
-    from capsule_client.receipts import decode_exec_receipt, exec_receipt_path, write_exec_receipt
+    from capsule_client.kit.receipts import (
+        decode_exec_receipt,
+        exec_receipt_path,
+        write_exec_receipt,
+    )
 
     path = exec_receipt_path(home, exec_id)
     receipt = decode_exec_receipt(path.read_bytes())
@@ -141,7 +145,7 @@ def _shows_command(snapshot: Any, exec_id: str, command: str) -> bool:
 
 def run_change(ctx: Context) -> Outcome:
     """Scenario 3: one changed receipt among many, then the next observation."""
-    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
+    require_modules("capsuled.reader", "capsule_client.kit.receipts", "capsule_client.kit.store")
     from capsuled.reader import ActiveSessionReader
 
     receipts = ctx.size(quick=1000, full=100_000)

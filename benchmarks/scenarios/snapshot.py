@@ -227,7 +227,7 @@ def _floor_ratio(rows: list[_Row]) -> tuple[str, bool]:
 
 def run(ctx: Context) -> Outcome:
     """Daemon and naive latency at each size, all live and realistic; judge p99, ratio, growth."""
-    require_modules("capsuled.reader", "capsule_client.receipts", "capsule_client.store")
+    require_modules("capsuled.reader", "capsule_client.kit.receipts", "capsule_client.kit.store")
     sizes = ctx.size(quick=(200, 1000), full=(1000, 10_000, 100_000))
     naive_queries = ctx.size(quick={200: 20, 1000: 10}, full={1000: 100, 10_000: 20, 100_000: 5})
     naive_realistic = ctx.size(quick={200: 10, 1000: 5}, full={1000: 50, 10_000: 10, 100_000: 3})

@@ -35,8 +35,8 @@ PROCESSES = 100
 
 def _own(home: Path, session_id: str, pids: list[int]) -> None:
     """Register ``session_id`` owning each of ``pids`` by its (pid, start time) row."""
-    from capsule_client.paths import store_path
-    from capsule_client.store import OwnershipStore
+    from capsule_client.kit.paths import store_path
+    from capsule_client.kit.store import OwnershipStore
 
     with OwnershipStore(store_path(home)) as store:
         store.register_session(session_id)
@@ -100,7 +100,7 @@ def _ms(samples: list[float], p: float) -> str:
 
 def run(ctx: Context) -> Outcome:
     """Rounds of terminate (each with its floor), one daemon for all of them."""
-    require_modules("capsuled.processes.terminate", "capsule_client.store")
+    require_modules("capsuled.processes.terminate", "capsule_client.kit.store")
     rounds = ctx.size(quick=2, full=20)
     home = ctx.scratch("terminate") / "home"
     home.mkdir(mode=0o700)

@@ -96,7 +96,7 @@ def _measure(ctx: Context, live: int, stale: int, interval_s: float) -> list[str
 
 def run(ctx: Context) -> Outcome:
     """Both homes in turn: CPU per verification run and its amortized share."""
-    require_modules("capsuled.watch.inotify", "capsule_client.receipts")
+    require_modules("capsuled.watch.inotify", "capsule_client.kit.receipts")
     interval_s = ctx.size(quick=0.2, full=1.0)
     receipts = ctx.size(quick=1000, full=100_000)
     rows = [

@@ -1,44 +1,53 @@
-"""Client library for capsuled: the clients, the wire types, the writer kit.
+"""Client library for capsuled: the clients, and beside them the wire types and the writer kit.
 
 >>> from capsule_client import Client
 >>> with Client() as client:          # doctest: +SKIP
 ...     print(client.ping().version)
 
 ``Client`` blocks; ``AsyncClient`` is the same for anyio code. Both find the
-socket as docs/design.md §2 says and raise the exceptions listed in
-``capsule_client._exceptions``. The wire types are in
-``capsule_client.protocol``.
+socket as docs/design.md §2 says and raise the exceptions of
+:mod:`capsule_client.errors`. The package's rooms (docs/design.md §1):
+
+* :mod:`capsule_client.wire`: every type that crosses the socket;
+* :mod:`capsule_client.kit`: the writer kit for runtimes (paths, receipts,
+  the ownership store, the trace, the launcher);
+* :mod:`capsule_client.cli`: ``capsulectl``; :mod:`capsule_client.mcp`:
+  ``capsulectl mcp``; :mod:`capsule_client.agents`: the agent integrations.
+
+Each name below is imported from its module when first asked for, so that
+``capsulectl --version`` pays for none of them and ``import capsule_client``
+does not load anyio for ``AsyncClient`` (docs/design.md §9).
 """
 
-import typing as _typing
+from __future__ import annotations
 
-from ._client import Client, Subscription
-from ._core import DEFAULT_TIMEOUT_S
-from ._exceptions import (
-    CapsuleError,
-    ClientClosed,
-    ConnectionLost,
-    DaemonNotRunning,
-    DiscoveryUnavailable,
-    InternalError,
-    InvalidParams,
-    InvalidRequest,
-    MethodNotFound,
-    NoSuchSession,
-    NoSuchTrace,
-    Overloaded,
-    PermissionDenied,
-    ProtocolError,
-    RemoteError,
-    RequestTimeout,
-    ShuttingDown,
-    SubscriptionDropped,
-    UnsafePath,
-)
-from .paths import default_home, default_socket
-
-if _typing.TYPE_CHECKING:
-    from ._async_client import AsyncClient, AsyncSubscription
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .async_client import AsyncClient, AsyncSubscription
+    from .client import Client, Subscription
+    from .errors import (
+        CapsuleError,
+        ClientClosed,
+        ConnectionLost,
+        DaemonNotRunning,
+        DiscoveryUnavailable,
+        InternalError,
+        InvalidParams,
+        InvalidRequest,
+        MethodNotFound,
+        NoSuchSession,
+        NoSuchTrace,
+        Overloaded,
+        PermissionDenied,
+        ProtocolError,
+        RemoteError,
+        RequestTimeout,
+        ShuttingDown,
+        SubscriptionDropped,
+        UnsafePath,
+    )
+    from .kit.paths import default_home, default_socket
+    from .wire.constants import DEFAULT_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -70,11 +79,29 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _typing.Any:
-    """``AsyncClient`` and ``AsyncSubscription`` are imported when first asked for: anyio
-    costs every ``capsulectl`` start (and ``capsulectl run``'s fixed cost) its import."""
-    if name in ("AsyncClient", "AsyncSubscription"):
-        from . import _async_client
+def __getattr__(name: str) -> object:
+    """A name of ``__all__``, imported from the module that defines it on first use."""
+    if name in ("Client", "Subscription"):
+        from . import client
 
-        return getattr(_async_client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(client, name)
+    elif name in ("AsyncClient", "AsyncSubscription"):
+        from . import async_client
+
+        value = getattr(async_client, name)
+    elif name == "DEFAULT_TIMEOUT_S":
+        from .wire import constants
+
+        value = constants.DEFAULT_TIMEOUT_S
+    elif name in ("default_home", "default_socket"):
+        from .kit import paths
+
+        value = getattr(paths, name)
+    elif name in __all__:
+        from . import errors
+
+        value = getattr(errors, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from capsule_client.protocol import INTERNAL_ERROR, INVALID_PARAMS, ErrorCode
+from capsule_client.wire import INTERNAL_ERROR, INVALID_PARAMS, ErrorCode
 
 __all__ = [
     "DiscoveryUnavailable",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from capsule_client._render import ChangePrinter, render_top
-from capsule_client.protocol import (
+from capsule_client.cli.render.tables import ChangePrinter, render_top
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
     Session,

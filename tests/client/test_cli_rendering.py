@@ -13,8 +13,10 @@ import re
 import msgspec
 import pytest
 
-from capsule_client._render import duration, render_reconcile, render_sessions
-from capsule_client.protocol import (
+from capsule_client.cli.render.reconcile import render_reconcile
+from capsule_client.cli.render.tables import render_sessions
+from capsule_client.text import duration
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
     LostReport,

@@ -17,11 +17,11 @@ import pytest
 
 import capsule_client
 from capsule_client import AsyncClient, Client, NoSuchSession
-from capsule_client._render import render_sessions, render_top
-from capsule_client._render_terminate import render_terminate
-from capsule_client._render_tree import nested
-from capsule_client.cli import main
-from capsule_client.protocol import (
+from capsule_client.cli.main import main
+from capsule_client.cli.render.tables import render_sessions, render_top
+from capsule_client.cli.render.terminate import render_terminate
+from capsule_client.cli.render.tree import nested
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
     Session,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 
 import pytest
 
-from capsule_client.cli import main
+from capsule_client.cli.main import main
+from capsule_client.cli.parser import COMMANDS, parse
 
 
 @pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
@@ -77,3 +79,55 @@ def test_version_prints_the_installed_version_and_exits_0(
 ) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"capsulectl {importlib.metadata.version('capsuled')}\n"
+
+
+def test_version_among_other_options_prints_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--timeout", "3", "--version"]) == 0
+    assert capsys.readouterr().out == f"capsulectl {importlib.metadata.version('capsuled')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--help", "sessions"], ["-h", "run", "--", "x"]])
+def test_the_top_level_help_lists_every_command_whatever_follows(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for name, command in COMMANDS.items():
+        assert f"    {name} " in out and command.help[:40] in out, name
+
+
+def test_a_command_s_help_shows_its_own_arguments_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sessions", "--help"]) == 0
+    sessions = capsys.readouterr().out
+    assert main(["mcp", "--help"]) == 0
+    mcp = capsys.readouterr().out
+
+    assert sessions.startswith("usage: capsulectl sessions") and "--wide" in sessions
+    assert "--allow-terminate" not in sessions
+    assert "--allow-terminate" in mcp and "--wide" not in mcp
+
+
+def test_the_options_every_command_takes_go_before_or_after_it() -> None:
+    before = parse(["--json", "--socket", "/tmp/s", "--timeout", "2", "terminate", "ses_a"])
+    after = parse(["terminate", "ses_a", "--json", "--socket", "/tmp/s", "--timeout", "2"])
+
+    assert isinstance(before, argparse.Namespace) and isinstance(after, argparse.Namespace)
+    assert vars(before) == vars(after)
+    assert vars(before) == {
+        "command": "terminate",
+        "json": True,
+        "socket": "/tmp/s",
+        "timeout": 2.0,
+        "session_id": "ses_a",
+        "signal": "TERM",
+        "wide": False,
+        "grace": 5.0,
+    }
+
+
+def test_a_command_line_the_first_look_cannot_read_gets_argparse_s_own_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--", "ping"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: '--'" in err and "'sessions'" in err  # every command listed

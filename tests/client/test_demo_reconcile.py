@@ -7,7 +7,7 @@ from pathlib import Path
 
 from support import demo_session
 
-from capsule_client.paths import records_root
+from capsule_client.kit.paths import records_root
 from capsuled.reconcile.prior_session import reconcile
 
 

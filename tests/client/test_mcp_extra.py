@@ -27,23 +27,23 @@ def test_the_extra_names_the_sdk() -> None:
 
 def test_no_module_of_the_client_library_but_the_mcp_ones_imports_the_sdk() -> None:
     modules = [
-        f"capsule_client.{info.name}"
-        for info in pkgutil.iter_modules(capsule_client.__path__)
-        if not info.name.startswith("_mcp")
+        info.name
+        for info in pkgutil.walk_packages(capsule_client.__path__, "capsule_client.")
+        if not info.name.startswith("capsule_client.mcp") and not info.name.endswith("__main__")
     ]
-    assert "capsule_client.cli" in modules and "capsule_client._client" in modules
+    assert "capsule_client.cli.main" in modules and "capsule_client.client" in modules
     code = f"import importlib, sys\nfor name in {modules!r}: importlib.import_module(name)\n"
     done = run(code + LOADED)
     assert done.stdout.strip() == "[]", done.stderr
     # The check can fail: the server's module does load them.
-    done = run("import sys, capsule_client._mcp\n" + LOADED)
+    done = run("import sys, capsule_client.mcp.server\n" + LOADED)
     assert done.stdout.strip() == "['mcp', 'mcp_types', 'pydantic']", done.stderr
 
 
 def test_other_commands_do_not_load_the_sdk() -> None:
     code = (
         "import sys\n"
-        "from capsule_client.cli import main\n"
+        "from capsule_client.cli.main import main\n"
         "for argv in (['--help'], ['mcp', '--help'], ['--socket', '/nonexistent/s', 'sessions']):\n"
         "    main(argv)\n" + LOADED
     )
@@ -56,7 +56,7 @@ def test_without_the_extra_capsulectl_mcp_says_how_to_install_it_and_exits_2() -
     code = (
         "import sys\n"
         "sys.modules['mcp'] = None\n"
-        "from capsule_client.cli import main\n"
+        "from capsule_client.cli.main import main\n"
         "sys.exit(main(['mcp', '--allow-terminate']))\n"
     )
     done = run(code)

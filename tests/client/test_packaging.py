@@ -19,7 +19,10 @@ def test_console_scripts_name_the_two_entry_points() -> None:
         for ep in importlib.metadata.distribution("capsuled").entry_points
         if ep.group == "console_scripts"
     }
-    assert scripts == {"capsuled": "capsuled.main:main", "capsulectl": "capsule_client.cli:main"}
+    assert scripts == {
+        "capsuled": "capsuled.main:main",
+        "capsulectl": "capsule_client.cli.main:main",
+    }
 
 
 def test_both_packages_ship_py_typed() -> None:
@@ -42,7 +45,9 @@ def test_dependencies_have_lower_bounds_and_anyio_is_new_enough() -> None:
 def test_the_client_library_does_not_import_prometheus_client() -> None:
     """prometheus_client is the daemon's dependency only: runtimes import the client."""
     modules = [
-        f"capsule_client.{info.name}" for info in pkgutil.iter_modules(capsule_client.__path__)
+        info.name
+        for info in pkgutil.walk_packages(capsule_client.__path__, "capsule_client.")
+        if not info.name.endswith("__main__")
     ]
     code = (
         "import importlib, sys\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 
 import capsule_client
-from capsule_client import _exceptions, protocol
+from capsule_client import errors, wire
 
 
 def isort_order(name: str) -> tuple[int, str]:
@@ -18,9 +18,9 @@ def test_all_is_sorted_and_complete() -> None:
     for name in capsule_client.__all__:
         assert hasattr(capsule_client, name), name
     public = {n for n in vars(capsule_client) if not n.startswith("_")}
-    # Submodules (paths, protocol, cli, the writer kit's trace, ...) appear once imported.
+    # Submodules (client, errors, wire, kit, cli, ...) appear once imported.
     modules = {n for n, v in vars(capsule_client).items() if isinstance(v, types.ModuleType)}
-    assert public - modules - {"annotations"} <= set(capsule_client.__all__) | modules
+    assert public - modules - {"annotations", "TYPE_CHECKING"} <= set(capsule_client.__all__)
 
 
 def test_every_wire_error_maps_to_its_class() -> None:
@@ -38,13 +38,19 @@ def test_every_wire_error_maps_to_its_class() -> None:
         (-32006, capsule_client.PermissionDenied),
         (-32007, capsule_client.NoSuchSession),
     ]:
-        error = _exceptions.error_from_wire(code, "m", {"k": 1})
+        error = errors.error_from_wire(code, "m", {"k": 1})
         assert type(error) is cls and error.code == code and error.data == {"k": 1}
-    unknown = _exceptions.error_from_wire(-1, "odd")
+    unknown = errors.error_from_wire(-1, "odd")
     assert type(unknown) is capsule_client.RemoteError and unknown.code == -1
 
 
-def test_protocol_all_names_exist() -> None:
-    assert protocol.__all__ == sorted(protocol.__all__, key=isort_order)
-    for name in protocol.__all__:
-        assert hasattr(protocol, name), name
+def test_the_wire_names_every_name_of_its_modules_once() -> None:
+    assert wire.__all__ == sorted(wire.__all__, key=isort_order)
+    for name in wire.__all__:
+        assert hasattr(wire, name), name
+    defined = [
+        name
+        for module in (wire.constants, wire.envelope, wire.params, wire.results)
+        for name in module.__all__
+    ]
+    assert sorted(defined, key=isort_order) == wire.__all__

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from sessions_support import Sleepers, make_home
 
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     ExecReceipt,
     ProviderClientReceipt,
     ReceiptError,
@@ -183,7 +183,7 @@ def test_servers_decoder_rejects(data: bytes) -> None:
 
 def test_client_side_needs_neither_psutil_nor_the_daemon() -> None:
     code = (
-        "import sys, capsule_client.receipts, capsule_client.store;"
+        "import sys, capsule_client.kit.receipts, capsule_client.kit.store;"
         "bad = {'psutil', 'capsuled', 'watchfiles', 'structlog'} & set(sys.modules);"
         "print(*sorted(bad)); sys.exit(1 if bad else 0)"
     )

@@ -7,8 +7,8 @@ import subprocess
 from run_support import with_argv
 from support import wait_until
 
-from capsule_client._run_cli import command_line, render_leftovers
-from capsule_client.protocol import SessionProcess
+from capsule_client.cli.run import process_command_line, render_leftovers
+from capsule_client.wire import SessionProcess
 
 
 def test_one_line_per_process_with_pid_age_and_command() -> None:
@@ -30,9 +30,9 @@ def test_without_the_daemons_argv_the_command_is_read_here_or_the_receipts() -> 
             # Popen returns at exec's point of no return, before the new argv is in place.
             wait_until(lambda: with_argv(sleep.pid) == ["sleep", "30"], message="the exec")
             live = SessionProcess("descendant", sleep.pid, 0, command=None)
-            assert command_line(live) == "sleep 30"
+            assert process_command_line(live) == "sleep 30"
         finally:
             sleep.kill()
     gone = SessionProcess("exec", 2**22 + 1, 0, receipt_command="make test")
-    assert command_line(gone) == "make test"
-    assert command_line(SessionProcess("descendant", 2**22 + 1, 0)) == "?"
+    assert process_command_line(gone) == "make test"
+    assert process_command_line(SessionProcess("descendant", 2**22 + 1, 0)) == "?"

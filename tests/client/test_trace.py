@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support import ChildOutput
 
-from capsule_client.trace import (
+from capsule_client.kit.trace import (
     SessionStart,
     ShellLost,
     TraceWriter,
@@ -200,7 +200,7 @@ def test_shell_lost_always_carries_parent_id() -> None:
 
 WRITER = r"""
 import sys
-from capsule_client.trace import TraceWriter
+from capsule_client.kit.trace import TraceWriter
 writer = TraceWriter(sys.argv[1], "ses_w")
 print("ready", flush=True)
 sys.stdin.readline()

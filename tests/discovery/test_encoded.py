@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled.discovery.encoded_answer import EncodedAnswer
 from capsuled.reader import Generations
 

@@ -26,7 +26,7 @@ from sessions_support import (
     pids,
 )
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery.discovery import NO_WATCHER_NOTE, Discovery
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 from capsuled.reader import ActiveSessionReader

@@ -13,7 +13,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, SnapshotParams
+from capsule_client.wire import ActiveSessionsSnapshot, DiscoveryCost, SnapshotParams
 from capsuled.discovery.latest_answer import LatestAnswer
 from capsuled.discovery.single_flight import SingleFlight
 from capsuled.discovery.snapshot_answers import SnapshotAnswers

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from capsule_client import SubscriptionDropped
-from capsule_client._core import MAX_QUEUED_NOTIFICATIONS, ClientCore
-from capsule_client.protocol import Session, SessionProcess
+from capsule_client.base import MAX_QUEUED_NOTIFICATIONS, ClientCore
+from capsule_client.wire import Session, SessionProcess
 from capsuled.discovery.subscriptions import changes_between
 from capsuled.watch.changes import ChangeFeed
 

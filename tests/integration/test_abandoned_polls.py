@@ -15,8 +15,8 @@ import pytest
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.protocol import MAX_MESSAGE_BYTES
-from capsule_client.receipts import write_provider_client_receipt
+from capsule_client.kit.receipts import write_provider_client_receipt
+from capsule_client.wire import MAX_MESSAGE_BYTES
 
 
 @contextmanager

@@ -236,7 +236,7 @@ def test_line_separators_inside_strings_survive_in_the_report(
 
 WRITER = r"""
 import json, os, sys
-from capsule_client.trace import ShellDetached, append_event, new_event_id, now_ms
+from capsule_client.kit.trace import ShellDetached, append_event, new_event_id, now_ms
 root, session, name, count, raw = sys.argv[1:6]
 count = int(count)
 pad = "p" * 8192

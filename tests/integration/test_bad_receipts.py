@@ -24,9 +24,9 @@ import pytest
 from support import DaemonProcess, short_tmpdir, wait_until
 
 from capsule_client import Client
-from capsule_client.paths import store_path
-from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.kit.store import OwnershipStore
 
 OTHER_UID = 65534  # nobody
 
@@ -192,7 +192,7 @@ def world() -> Iterator[World]:
                 store.register_session("ses_good", context_id="ctx")
                 store.register_input("inp_good", "ses_good")
                 store.register_exec("exe_good", "ses_good")
-            from capsule_client.receipts import process_start_time
+            from capsule_client.kit.receipts import process_start_time
 
             start_s = process_start_time(sleeper.pid)
             with DaemonProcess(home, tmp / "r.sock", ["--log-level", "info"]) as daemon:

@@ -8,7 +8,7 @@ from pathlib import Path
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client._follow import _snapshot_again, _wait_for_daemon
+from capsule_client.cli.render.follow import _snapshot_again, _wait_for_daemon
 
 DEADLINE_S = 5.0
 

@@ -27,10 +27,10 @@ from sessions_support import DEADLINE_S, Processes
 from support import DaemonProcess, wait_until
 
 from capsule_client import AsyncClient, Client
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

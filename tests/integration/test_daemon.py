@@ -23,7 +23,7 @@ from capsule_client import (
     DaemonNotRunning,
     MethodNotFound,
 )
-from capsule_client.cli import main as capsulectl
+from capsule_client.cli.main import main as capsulectl
 
 
 def run_capsulectl(

@@ -20,11 +20,11 @@ from sessions_support import proc_state
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.cli import main as capsulectl
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 DEADLINE_S = 10.0  # a look is every second; slack for a loaded machine
 

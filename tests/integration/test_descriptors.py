@@ -25,10 +25,10 @@ from reliability_support import Prefixed, nofile_of, raise_nofile_limit
 from support import DaemonProcess, wait_until
 
 from capsule_client import AsyncClient, Client, Overloaded
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionsChanged
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, SessionsChanged
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -40,14 +40,14 @@ from reliability_support import FULL
 from sessions_support import Sleepers
 from support import DaemonProcess, short_tmpdir
 
-from capsule_client.paths import store_path
-from capsule_client.receipts import (
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import (
     exec_receipt_path,
     process_start_time,
     write_exec_receipt,
     write_provider_client_receipt,
 )
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.store import OwnershipStore
 
 #: Toggles per test, and the longest random pause before each, seconds (the
 #: full run: the pauses of the report that found the lost wake-up).

@@ -28,10 +28,10 @@ from reliability_support import FULL, FULL_TIMEOUT_S, Prefixed, record, size
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.paths import store_path
-from capsule_client.protocol import LostReport
-from capsule_client.receipts import write_provider_client_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_provider_client_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import LostReport
 
 pytestmark = pytest.mark.timeout(FULL_TIMEOUT_S if FULL else 60)
 

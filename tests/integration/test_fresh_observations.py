@@ -28,12 +28,12 @@ from sessions_support import Sleepers, pids
 from support import DaemonProcess
 
 from capsule_client import Client
-from capsule_client.protocol import ActiveSessionsSnapshot
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     exec_receipt_path,
     write_exec_receipt,
     write_provider_client_receipt,
 )
+from capsule_client.wire import ActiveSessionsSnapshot
 
 #: Receipts of an exited process in ``runtime/exec-processes``: enough that a
 #: walk spends a few hundred milliseconds on them (about 40 µs a receipt).

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from reliability_support import FULL, FULL_TIMEOUT_S, exchange, record, served_models, size
 from support import DaemonProcess, raw_exchange, short_tmpdir
 
-from capsule_client.protocol import METHOD_PARAMS
+from capsule_client.wire import METHOD_PARAMS
 
 MiB = 1024 * 1024
 EXAMPLES = int(os.environ.get("CAPSULED_FUZZ_EXAMPLES") or size(300, 10_000))

@@ -26,11 +26,11 @@ from sessions_support import Sleepers
 from support import ChildOutput, DaemonProcess, wait_until
 
 from capsule_client import AsyncClient, Client, Subscription
-from capsule_client.cli import main as capsulectl
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionsChanged
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, Session, SessionsChanged
 from capsuled.discovery.subscriptions import MAX_PER_CONNECTION, MAX_UNDELIVERED
 from capsuled.processes.exits import pidfds_supported
 

@@ -28,12 +28,12 @@ from sessions_support import Sleepers
 from support import DaemonProcess, raw_exchange, wait_until
 
 from capsule_client import Client
-from capsule_client.cli import main as capsulectl
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, StatusResult
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.store import OwnershipStore
-from capsule_client.trace import TraceWriter
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.kit.trace import TraceWriter
+from capsule_client.wire import ActiveSessionsSnapshot, StatusResult
 
 NODE_EXPORTER = "prometheus-node-exporter"
 

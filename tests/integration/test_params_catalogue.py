@@ -19,7 +19,7 @@ import rpc_model
 from reliability_support import exchange, served_models
 from support import DaemonProcess, short_tmpdir
 
-from capsule_client.protocol import METHOD_PARAMS
+from capsule_client.wire import METHOD_PARAMS
 
 #: One value of each JSON type and then some: (name, JSON text).
 VALUES = [

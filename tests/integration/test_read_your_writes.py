@@ -12,8 +12,8 @@ import pytest
 from support import DaemonProcess
 
 from capsule_client import Client
-from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.kit.store import OwnershipStore
 
 TRIALS = 100
 

@@ -76,9 +76,9 @@ from reliability_support import size
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
-from capsule_client.receipts import write_exec_receipt, write_provider_client_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 # ---------------------------------------------------------------------------
 # The contract, restated for the reference

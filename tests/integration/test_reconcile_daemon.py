@@ -33,9 +33,9 @@ from capsule_client import (
     ShuttingDown,
     UnsafePath,
 )
-from capsule_client.cli import main as capsulectl
-from capsule_client.protocol import LostReport
-from capsule_client.trace import TraceWriter
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit.trace import TraceWriter
+from capsule_client.wire import LostReport
 
 WORKS = ["wrk_a", "wrk_b", "wrk_c", "wrk_d"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client
-from capsule_client.trace import TraceWriter
+from capsule_client.kit.trace import TraceWriter
 
 #: More than anyio's default worker threads (40): each used to wait for the lock in one.
 STORM = 60

@@ -21,8 +21,8 @@ from run_support import (
 from sessions_support import proc_state
 from support import ChildOutput, wait_until
 
-from capsule_client.launcher import spawn
-from capsule_client.paths import store_path
+from capsule_client.kit.launcher import spawn
+from capsule_client.kit.paths import store_path
 
 __all__ = ["leftovers"]  # the fixture, imported for the tests below
 

@@ -23,7 +23,7 @@ import pytest
 from support import DaemonProcess, answers_ping, bind_notify_socket, raw_exchange, wait_until
 
 from capsule_client import Client, RemoteError
-from capsule_client.paths import lock_path_for
+from capsule_client.kit.paths import lock_path_for
 
 PING = b'{"jsonrpc":"2.0","id":7,"method":"ping"}\n'
 STATUS = b'{"jsonrpc":"2.0","id":8,"method":"status"}\n'

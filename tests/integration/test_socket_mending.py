@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from support import DaemonProcess, answers_ping, wait_until
 
-from capsule_client import Client, paths
+from capsule_client import Client
+from capsule_client.kit import paths
 from capsuled import startup_errors
 from capsuled.rpc import lockfile, sockets
 

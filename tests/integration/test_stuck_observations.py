@@ -22,9 +22,9 @@ import pytest
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client, DiscoveryUnavailable
-from capsule_client.paths import store_path
-from capsule_client.protocol import SnapshotParams
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import SnapshotParams
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable as Unavailable
 from capsuled.service.supervisor import build_discovery

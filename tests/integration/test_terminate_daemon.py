@@ -26,11 +26,11 @@ from sessions_support import DEADLINE_S, Processes, proc_state
 from support import DaemonProcess, wait_until
 
 from capsule_client import Client, NoSuchSession
-from capsule_client.cli import main as capsulectl
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, TerminateReport
-from capsule_client.receipts import EXEC_RECEIPT_TOLERANCE_S, write_exec_receipt
-from capsule_client.store import OwnershipStore
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit.paths import store_path
+from capsule_client.kit.receipts import EXEC_RECEIPT_TOLERANCE_S, write_exec_receipt
+from capsule_client.kit.store import OwnershipStore
+from capsule_client.wire import ActiveSessionsSnapshot, TerminateReport
 from capsuled.processes.exits import pidfds_supported
 from capsuled.processes.terminate import START_TOLERANCE_S
 

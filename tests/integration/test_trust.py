@@ -42,7 +42,7 @@ from trust_support import (
     walked_directories,
 )
 
-from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.wire import ActiveSessionsSnapshot
 
 pytestmark = pytest.mark.timeout(60)
 

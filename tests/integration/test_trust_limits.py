@@ -43,11 +43,11 @@ from trust_support import (
 from userns import user_namespaces_work, with_inotify_limit
 
 from capsule_client import Client
-from capsule_client.protocol import WatchStatus
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     process_start_time,
     write_provider_client_receipt,
 )
+from capsule_client.wire import WatchStatus
 
 #: Slow, and each test writes a machine-wide sysctl (restored in ``finally``).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]

@@ -14,7 +14,7 @@ from support import DaemonProcess
 from userns import user_namespaces_work, with_inotify_limit
 
 from capsule_client import Client
-from capsule_client.receipts import write_exec_receipt
+from capsule_client.kit.receipts import write_exec_receipt
 
 
 def status_watcher(daemon: DaemonProcess) -> str:

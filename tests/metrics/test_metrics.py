@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
     LostReport,

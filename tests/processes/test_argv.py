@@ -12,7 +12,7 @@ import pytest
 from sessions_support import Processes, proc_state
 from support import wait_until
 
-from capsule_client._proc import read_stat, start_time_s
+from capsule_client.kit.proc import read_stat, start_time_s
 from capsuled.processes.argv import (
     ELLIPSIS,
     MAX_ARGV_BYTES,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from capsule_client._proc import ticks_per_s
+from capsule_client.kit.proc import ticks_per_s
 from capsuled.processes.pid_marks import MARK_MARGIN_S, MARK_SPACING_S, PidMarks
 
 TICKS = ticks_per_s()

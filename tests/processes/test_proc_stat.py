@@ -14,7 +14,7 @@ import pytest
 from sessions_support import Sleepers, proc_state
 from support import wait_until
 
-from capsule_client._proc import (
+from capsule_client.kit.proc import (
     ProcStat,
     boot_time_s,
     parse_stat,
@@ -22,7 +22,7 @@ from capsule_client._proc import (
     start_time_s,
     ticks_per_s,
 )
-from capsule_client.receipts import process_start_time
+from capsule_client.kit.receipts import process_start_time
 from capsuled.processes.exits import _start_time
 from capsuled.processes.sample import sample_processes
 

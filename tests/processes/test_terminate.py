@@ -19,7 +19,7 @@ import structlog.testing
 from sessions_support import DEADLINE_S, Processes, proc_state
 from support import wait_until
 
-from capsule_client.protocol import TerminateReport
+from capsule_client.wire import TerminateReport
 from capsuled.processes.descendants import DescendantTracker
 from capsuled.processes.exits import pidfds_supported
 from capsuled.processes.table import Clock, proc_stat

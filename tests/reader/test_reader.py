@@ -20,14 +20,14 @@ import pytest
 from sessions_support import OwnershipMovingOnce, World, pids, sleepers
 from support import wait_until
 
-from capsule_client.protocol import ServerEntry, SessionProcess
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     ExecReceipt,
     ProviderClientReceipt,
     exec_receipt_path,
     process_start_time,
     provider_client_receipt_path,
 )
+from capsule_client.wire import ServerEntry, SessionProcess
 from capsuled.reader import (
     GAP_CATCHING_UP,
     GAP_HOME_REPLACED,

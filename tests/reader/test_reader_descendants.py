@@ -17,7 +17,7 @@ import pytest
 from sessions_support import Sleepers, World, pids, proc_state
 from support import wait_until
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 from capsuled.processes.looks import DescendantLooks
 from capsuled.processes.pid_marks import MARK_MARGIN_S
 from capsuled.processes.sample import sample_processes, sample_with_table

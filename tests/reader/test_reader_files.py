@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sessions_support import CheckHook, OwnershipMovingOnce, World, make_home, pids, sleepers
 
-from capsule_client.receipts import MAX_RECEIPT_BYTES, process_start_time
+from capsule_client.kit.receipts import MAX_RECEIPT_BYTES, process_start_time
 from capsuled.home.strictness import user_name
 from capsuled.reader import (
     GAP_CATCHING_UP,

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from sessions_support import World, pids, sleepers
 
-from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.wire import ActiveSessionsSnapshot
 from capsuled.reader import ActiveSessionReader
 from capsuled.reader.store import Ownership, OwnershipReader
 

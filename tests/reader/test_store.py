@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sessions_support import Sleepers
 
-from capsule_client.store import OwnershipStore, StoreVersionError
+from capsule_client.kit.store import OwnershipStore, StoreVersionError
 from capsuled.reader.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
 
 

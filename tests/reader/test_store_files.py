@@ -18,7 +18,7 @@ import pytest
 from support import DaemonProcess
 
 from capsule_client import Client
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.store import OwnershipStore
 from capsuled.reader.store import OwnershipReader, StoreUnavailable
 
 

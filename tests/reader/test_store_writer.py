@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule_client.store import OwnershipStore
+from capsule_client.kit.store import OwnershipStore
 from capsuled.reader.store import OwnershipReader
 from capsuled.reader.writer_probe import WriterProbe
 

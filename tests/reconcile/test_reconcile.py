@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from capsule_client.protocol import LostReport, LostWork
+from capsule_client.wire import LostReport, LostWork
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, RpcError, UnsafePath
 from capsuled.reconcile.prior_session import lost_message, reconcile
 

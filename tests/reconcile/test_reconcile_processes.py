@@ -24,7 +24,7 @@ import msgspec
 import pytest
 from support import ChildOutput
 
-from capsule_client.protocol import LostReport
+from capsule_client.wire import LostReport
 from capsuled.reconcile.prior_session import reconcile
 
 CHILD = r"""

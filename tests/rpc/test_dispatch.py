@@ -12,7 +12,7 @@ import pytest
 import structlog
 from support import listen_unix
 
-from capsule_client.protocol import NoParams
+from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method
 from capsuled.rpc.server import Server
 from capsuled.service.lifecycle import Lifecycle

@@ -20,7 +20,7 @@ import structlog
 from msgspec import Meta, Struct
 from support import listen_unix
 
-from capsule_client.protocol import NoParams
+from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.rpc.server import Server
 

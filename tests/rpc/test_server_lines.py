@@ -13,7 +13,7 @@ import pytest
 import structlog
 from support import listen_unix
 
-from capsule_client.protocol import NoParams
+from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.rpc.server import Server, current_connection
 

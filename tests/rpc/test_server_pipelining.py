@@ -19,7 +19,7 @@ import anyio
 import pytest
 from support import listen_unix
 
-from capsule_client.protocol import NoParams
+from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.rpc.server import Server, current_connection
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from capsule_client.paths import records_root
-from capsule_client.protocol import METHOD_PARAMS, NoParams, ReconcileParams, StatusResult
-from capsule_client.trace import SessionStart, append_event
+from capsule_client.kit.paths import records_root
+from capsule_client.kit.trace import SessionStart, append_event
+from capsule_client.wire import METHOD_PARAMS, NoParams, ReconcileParams, StatusResult
 from capsuled.errors import ShuttingDown
 from capsuled.handlers.reconcile import Reconciles
 from capsuled.service.config import Config

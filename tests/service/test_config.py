@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
-from capsule_client.paths import default_home, default_socket
+from capsule_client.kit.paths import default_home, default_socket
 from capsuled.metrics.textfile import TEXTFILE_MIN_INTERVAL_S, TextfileWriter
 from capsuled.service.config import ConfigError, build_parser, parse_args
 

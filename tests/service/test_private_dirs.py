@@ -1,4 +1,4 @@
-"""``mkdir -p -m 0700``, one for the daemon and the client (capsule_client.paths)."""
+"""``mkdir -p -m 0700``, one for the daemon and the client (capsule_client.kit.paths)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from capsule_client.paths import make_private_dirs
-from capsule_client.receipts import write_exec_receipt
-from capsule_client.trace import SessionStart, append_event
+from capsule_client.kit.paths import make_private_dirs
+from capsule_client.kit.receipts import write_exec_receipt
+from capsule_client.kit.trace import SessionStart, append_event
 from capsuled.rpc.sockets import prepare_socket_directory
 from capsuled.service.home_setup import ensure_home
 

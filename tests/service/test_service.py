@@ -19,9 +19,9 @@ import msgspec
 import pytest
 from support import ChildOutput, bind_notify_socket, wait_until
 
-from capsule_client import paths
-from capsule_client.cli import main as capsulectl
-from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
+from capsule_client.cli.main import main as capsulectl
+from capsule_client.kit import paths
+from capsule_client.wire import ActiveSessionsSnapshot, DiscoveryCost, Session, SessionProcess
 from capsuled.rpc import activation, lockfile, peers, sockets
 from capsuled.rpc.peers import PeerCredentials
 from capsuled.service import home_setup, logs, notify

@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from capsule_client.paths import lock_path_for
-from capsule_client.protocol import NoParams, PingResult
+from capsule_client.kit.paths import lock_path_for
+from capsule_client.wire import NoParams, PingResult
 from capsuled.rpc.jsonrpc import Dispatcher, Method
 from capsuled.service.config import Config
 from capsuled.service.supervisor import Supervisor

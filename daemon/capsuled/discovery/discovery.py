@@ -34,7 +34,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     SnapshotParams,
     StatusTotals,

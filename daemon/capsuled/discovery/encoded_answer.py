@@ -15,7 +15,7 @@ from typing import Final, cast
 
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot, Session, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, Session, SessionProcess
 from capsuled.reader import same_answer
 
 __all__ = ["EncodedAnswer", "encoder"]

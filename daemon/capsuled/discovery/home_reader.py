@@ -24,7 +24,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from capsule_client.protocol import StatusTotals
+from capsule_client.wire import StatusTotals
 from capsuled.processes.descendants import MAX_TRACKED_PIDFDS, DescendantTracker
 from capsuled.reader import ActiveSessionReader, Generations, Lineage, Observation, run_base
 from capsuled.watch.changes import ChangeFeed

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.errors import DiscoveryUnavailable, ShuttingDown
 
 __all__ = ["LatestAnswer"]

@@ -20,7 +20,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.wire import ActiveSessionsSnapshot
 from capsuled.errors import InternalError, ShuttingDown
 from capsuled.reader import GAP_HOME_REPLACED, ObservationCancelled
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SnapshotParams
+from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_commands
 from capsuled.processes.usage import UsageMeter, with_usage

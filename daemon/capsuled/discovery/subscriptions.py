@@ -49,7 +49,7 @@ import anyio
 import msgspec
 import structlog
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     JSONRPC_VERSION,
     SESSIONS_CHANGED,
     SESSIONS_DROPPED,

@@ -18,7 +18,7 @@ from typing import Final
 
 import structlog
 
-from capsule_client.protocol import StatusTotals, VerificationStatus
+from capsule_client.wire import StatusTotals, VerificationStatus
 from capsuled.reader import Verified
 
 __all__ = ["DEFAULT_VERIFY_INTERVAL_S", "VerificationRuns"]

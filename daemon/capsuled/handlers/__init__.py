@@ -1,6 +1,6 @@
 """The methods the daemon serves, one handler each (docs/design.md §7).
 
-Each handler takes its decoded params Struct (``capsule_client.protocol``)
+Each handler takes its decoded params Struct (``capsule_client.wire``)
 and returns a result Struct, or raises :class:`~capsuled.errors.RpcError`.
 A handler is built from the few things it needs (discovery, the
 subscriptions, the records root, the shutdown state), never from the whole
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from capsule_client.protocol import METHOD_PARAMS
+from capsule_client.wire import METHOD_PARAMS
 from capsuled.rpc.jsonrpc import Method
 
 __all__ = ["method_table"]
@@ -29,6 +29,6 @@ def method_table(handlers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Meth
     """Method name → :class:`~capsuled.rpc.jsonrpc.Method`, each with its params type.
 
     Raises:
-        KeyError: a name that ``capsule_client.protocol.METHOD_PARAMS`` does not list.
+        KeyError: a name that ``capsule_client.wire.METHOD_PARAMS`` does not list.
     """
     return {name: Method(METHOD_PARAMS[name], handler) for name, handler in handlers.items()}

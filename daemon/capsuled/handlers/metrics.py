@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client.registry import Collector
 
-from capsule_client.protocol import MetricsResult, NoParams
+from capsule_client.wire import MetricsResult, NoParams
 from capsuled.metrics.collector import exposition
 
 __all__ = ["metrics_handler"]

@@ -11,7 +11,7 @@ from typing import Final
 import anyio
 import structlog
 
-from capsule_client.protocol import LostReport, ReconcileParams
+from capsule_client.wire import LostReport, ReconcileParams
 from capsuled.errors import InternalError
 from capsuled.reconcile.prior_session import reconcile_marking
 

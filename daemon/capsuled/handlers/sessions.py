@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     NoParams,
     RescanResult,
     SnapshotParams,

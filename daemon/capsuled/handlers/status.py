@@ -11,7 +11,7 @@ from typing import Protocol
 
 import msgspec
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     ActiveSessionsSnapshot,
     ExitWatchMode,
     NoParams,

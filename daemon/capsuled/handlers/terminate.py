@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from capsule_client.protocol import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
+from capsule_client.wire import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
 from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.openmetrics.exposition import ALLOWUTF8, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     METHOD_PARAMS,
     ActiveSessionsSnapshot,
     LostReport,

@@ -17,7 +17,7 @@ ask ``commands: true``, and keeps it while the process lives:
   ends it with ``"…"``, and drops the rest.
 * Kept per (pid, listed start time). Each use re-reads the stat line at most
   every :data:`RECHECK_S` (every time when ``fresh``) and reads the argv again
-  only when its :class:`~capsule_client._proc.ExecMark` moved: a process that
+  only when its :class:`~capsule_client.kit.proc.ExecMark` moved: a process that
   ``exec``\\ s shows its new command at the next check. Entries of processes
   no longer listed are dropped (:meth:`ArgvCache.read` with ``prune``).
 
@@ -36,7 +36,7 @@ from typing import Final, TypeAlias
 
 import psutil
 
-from capsule_client._proc import NOT_LIVE_STATES, ExecMark, parse_exec_mark, read_stat_line
+from capsule_client.kit.proc import NOT_LIVE_STATES, ExecMark, parse_exec_mark, read_stat_line
 
 from .descendants import ROOT_TOLERANCE_S
 from .table import Clock

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import anyio.to_thread
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 from .argv import Argv, ArgvCache, Key
 from .terminate import Target

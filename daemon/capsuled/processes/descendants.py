@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from capsule_client._proc import ticks_per_s
+from capsule_client.kit.proc import ticks_per_s
 
 from .members import ExitPoll, Member
 from .pid_marks import PidMarks

@@ -45,8 +45,14 @@ from typing import Final
 import anyio
 import structlog
 
-from capsule_client._proc import NOT_LIVE_STATES, boot_time_s, read_stat, start_time_s, ticks_per_s
-from capsule_client.protocol import ExitWatchMode
+from capsule_client.kit.proc import (
+    NOT_LIVE_STATES,
+    boot_time_s,
+    read_stat,
+    start_time_s,
+    ticks_per_s,
+)
+from capsule_client.wire import ExitWatchMode
 from capsuled.common.shortage import is_shortage
 from capsuled.common.tasks import TaskHost
 

@@ -5,7 +5,7 @@ sample maps pid → start time (Unix seconds, float); zombies are left out
 because a zombie is not live.
 
 On Linux the sample reads ``/proc/<pid>/stat`` directly, one ``open`` and
-one ``read`` per pid, parsed by :mod:`capsule_client._proc`: several times
+one ``read`` per pid, parsed by :mod:`capsule_client.kit.proc`: several times
 faster than ``psutil.process_iter`` (docs/benchmark-profiles.md, "Figures
 behind the code"), with
 identical start times (both compute ``btime + starttime / CLK_TCK``).
@@ -30,7 +30,7 @@ from typing import TypeAlias
 
 import psutil
 
-from capsule_client._proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsule_client.kit.proc import NOT_LIVE_STATES, ProcStat, boot_time_s, read_stat, ticks_per_s
 from capsuled.common.shortage import is_shortage
 
 from .table import ProcessTable, last_pid

@@ -1,6 +1,6 @@
 """The process table as descendants and terminate read it: stat lines, the pid counter, Tgid.
 
-The stat line is parsed by the project's one parser (``capsule_client._proc``);
+The stat line is parsed by the project's one parser (``capsule_client.kit.proc``);
 this module adds what descendants and terminate need on top of it: a lookup
 that answers None for a gone process (:func:`proc_stat`), a full table with
 the pid counter read before it (:func:`take_table`), and thread detection.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from capsule_client._proc import ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsule_client.kit.proc import ProcStat, boot_time_s, read_stat, ticks_per_s
 
 __all__ = [
     "Clock",

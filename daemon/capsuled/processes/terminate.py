@@ -42,8 +42,9 @@ import structlog
 from anyio.abc import TaskGroup
 from msgspec import UNSET, UnsetType
 
-from capsule_client._proc import read_stat
-from capsule_client.protocol import (
+from capsule_client.kit.proc import read_stat
+from capsule_client.wire import (
+    DEFAULT_GRACE_MS,
     ProcessKind,
     TerminatedProcess,
     TerminateOutcome,
@@ -294,7 +295,7 @@ async def terminate(
     targets: Sequence[Target],
     *,
     signal_name: TerminateSignal = "TERM",
-    grace_s: float = 5.0,
+    grace_s: float = DEFAULT_GRACE_MS / 1000,
     more: MoreTargets | None = None,
     pidfds: bool = True,
 ) -> TerminateReport:
@@ -312,7 +313,7 @@ async def terminate(
 
     Returns:
         The report, processes sorted by pid (outcomes as in
-        :class:`capsule_client.protocol.TerminatedProcess`); a process whose
+        :class:`capsule_client.wire.TerminatedProcess`); a process whose
         start time the daemon was too short of descriptors to read again is
         ``refused``, never signalled blindly nor called ``gone``.
 

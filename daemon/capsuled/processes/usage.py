@@ -13,7 +13,7 @@ import anyio
 import msgspec
 import psutil
 
-from capsule_client.protocol import ActiveSessionsSnapshot, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 
 __all__ = ["UsageMeter", "with_usage"]
 

@@ -18,14 +18,14 @@ from typing import Final, TypeAlias
 
 import msgspec
 
-from capsule_client.protocol import SessionProcess
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     EXEC_RECEIPT_TOLERANCE_S,
     PROVIDER_CLIENT_TOLERANCE_S,
     ExecReceipt,
     ProviderClientReceipt,
     is_valid_input_id,
 )
+from capsule_client.wire import SessionProcess
 from capsuled.home.layout import RACY_WINDOW_NS, Kind
 from capsuled.processes.sample import ProcessSample, matches_start
 

@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.wire import ActiveSessionsSnapshot
 
 __all__ = ["Generations", "run_base", "same_answer"]
 

@@ -9,7 +9,7 @@ sample, asks the ownership store who owns the live receipts and processes,
 finds the descendants of the sessions' processes
 (:mod:`~capsuled.reader.lineage`, from the same sample's process table),
 checks that nothing moved meanwhile, and projects an
-:class:`~capsule_client.protocol.ActiveSessionsSnapshot`.
+:class:`~capsule_client.wire.ActiveSessionsSnapshot`.
 
 Everything here blocks (directory walks, file reads, ``/proc``, SQLite): the
 daemon runs :meth:`ActiveSessionReader.observe` in a worker thread, one at a
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from capsule_client.paths import store_path
-from capsule_client.protocol import ActiveSessionsSnapshot, DiscoveryCost
+from capsule_client.kit.paths import store_path
+from capsule_client.wire import ActiveSessionsSnapshot, DiscoveryCost
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.home.layout import Action, action
 from capsuled.processes.sample import (

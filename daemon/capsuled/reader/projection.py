@@ -19,8 +19,8 @@ from typing import Final
 
 import msgspec
 
-from capsule_client.protocol import ServerEntry, Session, SessionProcess
-from capsule_client.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
+from capsule_client.kit.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
+from capsule_client.wire import ServerEntry, Session, SessionProcess
 from capsuled.processes.descendants import Descendant
 from capsuled.processes.sample import ProcessSample, matches_start
 

@@ -18,8 +18,7 @@ import threading
 import time
 from typing import Final
 
-from capsule_client.protocol import DiscoveryCost
-from capsule_client.receipts import (
+from capsule_client.kit.receipts import (
     MAX_RECEIPT_BYTES,
     ReceiptError,
     ServerRegistryEntry,
@@ -27,6 +26,7 @@ from capsule_client.receipts import (
     decode_provider_client_receipt,
     decode_servers_registry,
 )
+from capsule_client.wire import DiscoveryCost
 from capsuled.home.layout import EXEC_PARTS, SERVERS_PARTS, Kind
 from capsuled.processes.sample import ProcessSample
 

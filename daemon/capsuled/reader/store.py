@@ -1,7 +1,7 @@
 """Read-only access to the ownership store (docs/design.md §4).
 
 The daemon never writes the store: runtimes do, through
-``capsule_client.store``. :class:`OwnershipReader` keeps one connection
+``capsule_client.kit.store``. :class:`OwnershipReader` keeps one connection
 open (``file:...?mode=ro``, busy timeout of at least 1 s) and reads each
 answer in one read transaction. The connection is reopened when the file
 at the path is another one (replaced, or created after being missing).
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
 
-from capsule_client.store import USER_VERSION
+from capsule_client.kit.store import USER_VERSION
 from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
 from .writer_probe import WriterProbe
@@ -119,7 +119,7 @@ class OwnershipReader:
     flight), from whichever worker thread runs it.
 
     Args:
-        path: the store, usually ``capsule_client.paths.store_path(home)``.
+        path: the store, usually ``capsule_client.kit.paths.store_path(home)``.
         busy_timeout_s: how long a query waits for a lock; at least 1 s (docs/design.md §4).
     """
 

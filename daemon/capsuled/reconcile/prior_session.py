@@ -4,11 +4,11 @@ When a session is resumed, :func:`reconcile` scans the prior session's trace
 for work that was detached (``shell_detached``) and never accounted for
 (``shell_completed``, ``shell_abandoned`` or ``shell_lost``), appends one
 ``shell_lost`` marker per such work to that trace, and returns a
-:class:`~capsule_client.protocol.LostReport` naming them, with the lowest
+:class:`~capsule_client.wire.LostReport` naming them, with the lowest
 trust among the tasks that started them.
 
 Exactly once: the scan and the append happen under the trace's exclusive
-``flock`` (the same lock the writer kit ``capsule_client.trace`` takes), so
+``flock`` (the same lock the writer kit ``capsule_client.kit.trace`` takes), so
 concurrent reconciles — threads of one daemon or separate processes — report
 each work once.  A caller whose reply was lost asks again with the same
 ``this_session`` and gets the same report, rebuilt from its own markers.
@@ -29,15 +29,14 @@ from typing import Final, NamedTuple, ParamSpec
 
 import msgspec
 
-from capsule_client._render import detach_time
-from capsule_client.protocol import LostReport, LostWork, Provenance
-from capsule_client.trace import (
+from capsule_client.kit.trace import (
     DEFAULT_LOCK_TIMEOUT_S,
     TRACE_FILE_NAME,
     LockWaitCancelled,
     ShellLost,
     Trust,
     append_locked,
+    detach_time,
     encode_line,
     is_session_directory_name,
     lock_trace,
@@ -45,6 +44,7 @@ from capsule_client.trace import (
     new_task_id,
     now_ms,
 )
+from capsule_client.wire import LostReport, LostWork, Provenance
 from capsuled.errors import InternalError, InvalidParams, NoSuchTrace, ShuttingDown, UnsafePath
 
 from .trace_scan import READ_BUFFER_BYTES, DetachedWork, TraceScan, scan_lines

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import msgspec
 
-from capsule_client.protocol import LostWork
-from capsule_client.trace import Trust
+from capsule_client.kit.trace import Trust
+from capsule_client.wire import LostWork
 
 __all__ = ["READ_BUFFER_BYTES", "DetachedWork", "TraceScan", "scan_lines", "scan_trace"]
 

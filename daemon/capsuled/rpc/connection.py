@@ -24,7 +24,7 @@ import anyio.lowlevel
 import structlog
 from anyio.abc import SocketStream
 
-from capsule_client.protocol import INVALID_REQUEST, MAX_MESSAGE_BYTES
+from capsule_client.wire import INVALID_REQUEST, MAX_MESSAGE_BYTES
 from capsuled.common.shortage import is_shortage
 
 from .jsonrpc import SPLICE_MIN_BYTES, encode_error

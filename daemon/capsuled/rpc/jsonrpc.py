@@ -47,7 +47,7 @@ import msgspec
 import structlog
 from msgspec import UNSET, Raw, Struct
 
-from capsule_client.protocol import (
+from capsule_client.wire import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from capsule_client.paths import lock_path_for
+from capsule_client.kit.paths import lock_path_for
 from capsuled.home.strictness import user_name
 from capsuled.startup_errors import AlreadyRunning, ServiceError
 

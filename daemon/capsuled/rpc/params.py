@@ -1,6 +1,6 @@
 """One method's params, decoded from the request's ``params`` member (docs/design.md §7).
 
-The rules, besides the params Struct's own (``capsule_client.protocol``):
+The rules, besides the params Struct's own (``capsule_client.wire``):
 
 * no ``params``, ``"params": null``, ``{}`` and ``[]`` are all "no params";
   other arrays are refused: params are named;

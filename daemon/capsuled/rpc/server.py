@@ -23,7 +23,7 @@ import anyio
 import structlog
 from anyio.abc import ByteStream, SocketStream, TaskGroup, TaskStatus, UNIXSocketStream
 
-from capsule_client.protocol import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
+from capsule_client.wire import INTERNAL_ERROR, MAX_MESSAGE_BYTES, ErrorCode
 from capsuled.common.shortage import is_shortage
 
 from .connection import Connection, HangUps, current_connection

@@ -23,7 +23,7 @@ from typing import Final, Literal
 import anyio
 import structlog
 
-from capsule_client.paths import MAX_SOCKET_PATH_BYTES, make_private_dirs
+from capsule_client.kit.paths import MAX_SOCKET_PATH_BYTES, make_private_dirs
 from capsuled.startup_errors import AlreadyRunning, ServiceError, SocketPathTaken
 
 from .activation import activated_listener, socket_path_of

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal, get_args
 
-from capsule_client.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
-from capsule_client.protocol import WatcherMode
+from capsule_client.kit.paths import MAX_SOCKET_PATH_BYTES, default_home, default_socket
+from capsule_client.wire import WatcherMode
 from capsuled import __version__
 from capsuled.discovery.sampler import DEFAULT_SAMPLE_INTERVAL_S
 from capsuled.discovery.verification_runs import DEFAULT_VERIFY_INTERVAL_S

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from capsule_client.paths import make_private_dirs
+from capsule_client.kit.paths import make_private_dirs
 from capsuled.home.strictness import home_refusal
 from capsuled.startup_errors import UnsafeHome
 

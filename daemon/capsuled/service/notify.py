@@ -14,7 +14,7 @@ from typing import Final
 import anyio
 import structlog
 
-from capsule_client.protocol import ActiveSessionsSnapshot
+from capsule_client.wire import ActiveSessionsSnapshot
 
 __all__ = ["Notifier", "send_watchdog", "status_text", "tell_service_manager"]
 

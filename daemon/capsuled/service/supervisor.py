@@ -31,8 +31,8 @@ import structlog
 from anyio import open_signal_receiver  # imported now: a lazy import needs a descriptor
 from anyio.abc import TaskStatus
 
-from capsule_client.paths import records_root
-from capsule_client.protocol import NoParams, StatusTotals
+from capsule_client.kit.paths import records_root
+from capsule_client.wire import NoParams, StatusTotals
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.commit_wait import CommitWait
 from capsuled.discovery.discovery import CurrentWatcherMode, Discovery

@@ -23,7 +23,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from capsule_client.protocol import WatcherMode, WatchStatus
+from capsule_client.wire import WatcherMode, WatchStatus
 from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 from capsuled.home.layout import reader_cares
 

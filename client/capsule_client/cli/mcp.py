@@ -1,0 +1,61 @@
+"""``capsulectl mcp``: the MCP server on stdio (docs/design.md §11).
+
+The SDK is imported by this command and no other: :mod:`capsule_client.mcp`
+loads it, and only this module imports that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..wire.constants import DEFAULT_TIMEOUT_S, VERSION
+from .exits import EXIT_OK, EXIT_USAGE
+
+__all__ = ["arguments", "run"]
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """``[--allow-terminate] [--any-session]``."""
+    parser.add_argument(
+        "--allow-terminate",
+        action="store_true",
+        help="offer the tool terminate_session, which stops every process of a session",
+    )
+    parser.add_argument(
+        "--any-session",
+        action="store_true",
+        help="let terminate_session stop any session, not only the one in $CAPSULE_SESSION_ID",
+    )
+
+
+def run(args: argparse.Namespace, socket_path: Path) -> int:
+    """Serve MCP on stdio until the agent host closes it; without the SDK, say how to
+    install it (exit 2)."""
+    try:
+        from ..mcp.server import SESSION_VARIABLE, McpOptions, serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("capsule_client"):
+            raise
+        print(
+            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}). Install the extra: "
+            "`pip install 'capsuled[mcp]'` (with pipx: `pipx inject capsuled mcp`).",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import anyio
+
+    options = McpOptions(
+        socket_path,
+        timeout_s=getattr(args, "timeout", DEFAULT_TIMEOUT_S),
+        allow_terminate=args.allow_terminate,
+        any_session=args.any_session,
+        session_id=os.environ.get(SESSION_VARIABLE) or None,
+    )
+    try:
+        anyio.run(lambda: serve(options, version=VERSION))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
