@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from support import DaemonProcess, short_tmpdir, wait_until
 
+from benchmarks.daemon import wait_for_socket
 from capsule_client import Client
 from capsule_client.kit.paths import store_path
 from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt
@@ -283,19 +284,39 @@ def test_an_unreadable_receipt_is_a_gap_for_a_daemon_that_cannot_read_it(
     )
     log.close()
     try:
-        # The daemon refuses peers of another uid (-32006), so ask as its user.
-        snap = wait_until(
-            lambda: (
-                (s := snapshot_as(OTHER_UID, daemon.socket_path)) is not None
-                and s["discovery"] == "ready"
-                and s
-            ),
-            timeout_s=15,
-            message="a ready snapshot",
-        )
+        snap = ready_snapshot_as(OTHER_UID, daemon)
         assert any(str(receipt) in g and "ermission" in g for g in snap["gaps"]), snap["gaps"]
     finally:
         daemon.__exit__()
+
+
+def ready_snapshot_as(uid: int, daemon: DaemonProcess) -> dict[str, Any]:
+    """The first ready snapshot a client running as ``uid`` gets from ``daemon``, started
+    as that user (it refuses peers of another uid, -32006).
+
+    Its start is given what the launcher gives any daemon's start, which load
+    stretches, and no client competes with it for the CPU meanwhile; then a
+    ready answer is asked for.
+
+    Raises:
+        AssertionError: the daemon exited, did not listen, or gave no ready
+            answer; the message has the last answer and the end of its log.
+    """
+    assert daemon.process is not None
+    answers: list[dict[str, Any] | str] = []
+
+    def ready() -> dict[str, Any] | None:
+        answers.append(snapshot_as(uid, daemon.socket_path))
+        answer = answers[-1]
+        return answer if isinstance(answer, dict) and answer["discovery"] == "ready" else None
+
+    try:
+        wait_for_socket(daemon.socket_path, daemon.process, timeout_s=30.0, ping=False)
+        snap: dict[str, Any] = wait_until(ready, timeout_s=15, message="a ready snapshot")
+    except (AssertionError, RuntimeError) as exc:
+        last = answers[-1] if answers else "none asked"
+        raise AssertionError(f"{exc}; the last answer: {last!r}\n{daemon.log_tail()}") from exc
+    return snap
 
 
 ASK = """
@@ -306,8 +327,9 @@ with Client(sys.argv[1], timeout_s=5) as client:
 """
 
 
-def snapshot_as(uid: int, socket_path: Path) -> dict[str, Any] | None:
-    """A snapshot asked by a client running as ``uid``; None until the daemon answers."""
+def snapshot_as(uid: int, socket_path: Path) -> dict[str, Any] | str:
+    """A snapshot asked by a client running as ``uid``, or the last line the client wrote
+    to stderr when it got none."""
     done = subprocess.run(
         [
             *("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
@@ -317,6 +339,7 @@ def snapshot_as(uid: int, socket_path: Path) -> dict[str, Any] | None:
         timeout=30,
     )
     if done.returncode != 0:
-        return None
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        return said[-1] if said else f"exit status {done.returncode}"
     result: dict[str, Any] = json.loads(done.stdout)
     return result

@@ -33,7 +33,7 @@ from reliability_support import (
 )
 from support import DaemonProcess, raw_exchange, wait_until
 
-from capsule_client import AsyncClient, Client, Overloaded
+from capsule_client import AsyncClient, Client, Overloaded, RequestTimeout
 
 PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
 STATUS = b'{"jsonrpc":"2.0","id":2,"method":"status"}\n'
@@ -492,7 +492,10 @@ def test_clients_that_leave_rudely_cost_nothing(start: Callable[..., DaemonProce
     left = time.monotonic()
     # A burst can leave more than --max-connections behind for a moment (the daemon
     # learns of a close when it next reads or writes): a newcomer is then refused
-    # -32002, as documented, until they drain.
+    # -32002, as documented, until they drain. Its request may also wait behind the
+    # batches' statuses for longer than a client's timeout where the daemon gets
+    # little of the CPU: not drained yet either. The deadline only catches
+    # connections that never end; how soon they do is the figure recorded.
     refused = 0
 
     def drained() -> bool:
@@ -503,8 +506,10 @@ def test_clients_that_leave_rudely_cost_nothing(start: Callable[..., DaemonProce
         except Overloaded:
             refused += 1
             return False
+        except RequestTimeout:
+            return False
 
-    wait_until(drained, timeout_s=size(10, 120), message="every rude connection to end")
+    wait_until(drained, timeout_s=size(30, 120), message="every rude connection to end")
     drained_s = time.monotonic() - left
     logs = daemon.logs()
     assert "connection failed" not in logs and "could not be answered" not in logs, logs[-3000:]

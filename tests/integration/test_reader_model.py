@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import pytest
@@ -511,20 +511,46 @@ def runs_of(client: Client) -> int:
     return verification.runs
 
 
-def verification_reading(home: Path, exec_dir: Path) -> None:
-    """Return once the next verification run reads ``exec_dir``'s receipts: the next
-    cookie is its barrier, and the first receipt opened after it is its listing pass."""
-    inotify_simple = pytest.importorskip("inotify_simple")
-    with contextlib.closing(inotify_simple.INotify()) as watch:
-        watch.add_watch(home, inotify_simple.flags.CREATE)
-        watch.add_watch(exec_dir, inotify_simple.flags.OPEN)
-        cookie = opened = False
+class VerificationReads:
+    """What inotify reports of the daemon reading ``exec_dir``, from the moment this is made.
+
+    A cookie in the home begins a verification run (its barrier); ``exec_dir``
+    read as a directory is a listing of it; a receipt read after either is a
+    pass at work. Only what is closed without a write counts: the test's own
+    writes are never taken for the daemon's reads. Make it before the run to
+    catch can begin: a run that began before it, however little before, is
+    not seen, and the next one may have nothing left to read.
+    """
+
+    def __init__(self, home: Path, exec_dir: Path) -> None:
+        inotify_simple = pytest.importorskip("inotify_simple")
+        self._inotify = inotify_simple.INotify()
+        self._inotify.add_watch(home, inotify_simple.flags.CREATE)
+        self._inotify.add_watch(exec_dir, inotify_simple.flags.CLOSE_NOWRITE)
+        self._exec_dir = exec_dir
+
+    def __enter__(self) -> VerificationReads:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._inotify.close()
+
+    def reading(self, after: Literal["cookie", "listing"]) -> None:
+        """Return once a receipt of ``exec_dir`` is read after a ``"cookie"`` or after a
+        ``"listing"`` of ``exec_dir``, both reported since this was made."""
+        begun = False
         deadline = time.monotonic() + 10
-        while not opened:
-            assert time.monotonic() < deadline, "no verification run began"
-            for event in watch.read(timeout=100):
-                cookie |= event.name.startswith(".capsuled-cookie-")
-                opened |= cookie and event.name.endswith(".json")
+        while True:
+            assert time.monotonic() < deadline, (
+                f"no receipt of {self._exec_dir} read after a {after}"
+            )
+            for event in self._inotify.read(timeout=100):
+                if begun and event.name.endswith(".json"):
+                    return
+                if after == "cookie":
+                    begun |= event.name.startswith(".capsuled-cookie-")
+                else:
+                    begun |= event.name == ""  # the directory itself: listed
 
 
 def changes_found(client: Client) -> int:
@@ -1103,17 +1129,22 @@ def test_a_change_made_while_verification_runs_is_not_counted_as_missed(
     ):
         client.snapshot(max_age_ms=0)  # the first walk lists the empty directory
         # Receipts nobody runs, each reported by the watch and read; the
-        # directory's listing is older than all of them.
+        # directory's listing is older than all of them (unless a run listed it
+        # meanwhile: then the next lists it again, for the entries after that).
         for n in range(3000):
             (exec_dir / f"e{n:04}.json").write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
         last = exec_dir / "zzz.json"
-        last.write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
-        assert client.snapshot(max_age_ms=0).unowned == []
-        verification_reading(home, exec_dir)
+        # Watched from before the last receipt: the first run to list the directory
+        # after it is seen even when its listing comes before this test asks.
+        with VerificationReads(home, exec_dir) as reads:
+            last.write_bytes(exec_body("exe_x", NEVER_PID, time.time()))
+            assert client.snapshot(max_age_ms=0).unowned == []
+            reads.reading(after="listing")
         # A runtime's in-place write, which the watch reports: the pass
         # reaches this receipt only after 3000 others.
         write_in_place(last, exec_body("exe_x", sleeper.pid, start_of(sleeper.pid)))
-        wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
+        runs = runs_of(client)  # the runs ended so far: the pass's own, if not among them, is next
+        wait_until(lambda: runs_of(client) > runs, message="the verification run to end")
         assert [p.pid for p in client.snapshot(max_age_ms=0).unowned] == [sleeper.pid]
         assert changes_found(client) == 0
 
@@ -1184,19 +1215,27 @@ def test_a_directory_removed_while_verification_runs_is_not_counted_as_missed(
     exec_dir = home / "runtime" / "exec-processes"
     exec_dir.mkdir(parents=True, mode=0o700)
     start = start_of(sleeper.pid)
-    for n in range(3000):  # live: candidates, read again by the first verification run
-        (exec_dir / f"e{n:04}.json").write_bytes(exec_body(f"exe_{n}", sleeper.pid, start))
+    # Live: candidates, read again by every verification run. A file read less
+    # than 1 s after its mtime is re-read at its next check (docs/design.md §5):
+    # an mtime an hour ahead keeps them so however late the daemon reads them.
+    ahead_ns = time.time_ns() + 3600 * 10**9
+    for n in range(3000):
+        path = exec_dir / f"e{n:04}.json"
+        path.write_bytes(exec_body(f"exe_{n}", sleeper.pid, start))
+        os.utime(path, ns=(ahead_ns, ahead_ns))
     broken = home / "runs" / "r1" / "inp_z" / "provider-clients" / "c1.json"
     broken.parent.mkdir(parents=True, mode=0o700)
     broken.write_bytes(provider_body(sleeper.pid, start, "schema_2"))
     args = ["--verify-interval", "1.5"]
     with (
+        VerificationReads(home, exec_dir) as reads,  # the first run's cookie too
         DaemonProcess(home, place / "d.sock", args) as daemon,
         Client(daemon.socket_path) as client,
     ):
         assert str(broken) in gap_paths(client.snapshot(max_age_ms=0))
-        verification_reading(home, exec_dir)
+        reads.reading(after="cookie")
         shutil.rmtree(home / "runs" / "r1")  # 3000 candidates before its receipt
-        wait_until(lambda: runs_of(client) >= 1, message="the verification run to end")
+        runs = runs_of(client)  # the runs ended so far: the pass's own, if not among them, is next
+        wait_until(lambda: runs_of(client) > runs, message="the verification run to end")
         assert str(broken) not in gap_paths(client.snapshot(max_age_ms=0))
         assert changes_found(client) == 0

@@ -36,12 +36,25 @@ def test_zombies_and_the_dead_are_not_in_the_sample(
 
 
 def test_both_samplers_agree(pool: Sleepers) -> None:
-    pool.start()
+    """Both list the same live processes, started at the same time.
+
+    The machine's other processes start and end between the two samples (the
+    other tests' among them, hundreds at a time): a process only the first
+    lists has ended since, as a third sample shows; one only the second lists
+    started after the first began, so after the sleep started before it.
+    """
+    sleeper = pool.start()
     by_proc = processes._sample_proc()
     by_psutil = processes._sample_psutil()
+    after = processes._sample_proc()
     shared = by_proc.keys() & by_psutil.keys()
-    assert len(shared) >= len(by_proc) - 2  # processes may come and go in between
-    assert all(abs(by_proc[pid] - by_psutil[pid]) < 0.011 for pid in shared)
+    assert {os.getpid(), sleeper.pid} <= shared
+    assert [pid for pid in by_proc.keys() - shared if after.get(pid) == by_proc[pid]] == []
+    earliest = by_proc[sleeper.pid] - 0.011
+    assert [pid for pid in by_psutil.keys() - shared if by_psutil[pid] < earliest] == []
+    # A pid ended and handed out again between the two: then the third sample has the new start.
+    differ = [pid for pid in shared if abs(by_proc[pid] - by_psutil[pid]) >= 0.011]
+    assert [pid for pid in differ if after.get(pid) == by_proc[pid]] == []
 
 
 def test_matches_start_uses_the_tolerance() -> None:

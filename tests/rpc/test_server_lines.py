@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,18 @@ from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts
 from capsuled.rpc.server import Server, current_connection
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def unrendered_logs() -> Iterator[None]:
+    """The log entries kept as they are instead of rendered as text.
+
+    The server logs each request at debug; a burst of tens of thousands would
+    spend most of its time rendering them, and make its deadline measure the
+    machine's load instead of the reading.
+    """
+    with structlog.testing.capture_logs():
+        yield
 
 
 async def _ping(params: NoParams) -> dict[str, bool]:
@@ -52,7 +65,7 @@ def _flood(path: Path, count: int) -> list[bytes]:
 
 
 async def test_a_peer_pipelining_megabytes_of_requests_gets_every_reply_in_order(
-    short_dir: Path,
+    short_dir: Path, unrendered_logs: None
 ) -> None:
     """More than the reader buffers before pausing (about 1 MiB): it pauses and resumes."""
     count = 32_000  # about 1.3 MB of requests
@@ -66,7 +79,9 @@ async def test_a_peer_pipelining_megabytes_of_requests_gets_every_reply_in_order
     assert [json.loads(r)["id"] for r in replies] == list(range(count))
 
 
-async def test_a_long_line_after_a_paused_burst_is_still_read_whole(short_dir: Path) -> None:
+async def test_a_long_line_after_a_paused_burst_is_still_read_whole(
+    short_dir: Path, unrendered_logs: None
+) -> None:
     """Reading paused by a burst resumes for a line longer than the resume mark.
 
     The burst fills the reader past its pause mark; once the short lines are
