@@ -229,10 +229,16 @@ def test_terminate_signals_the_process_its_ticks_name(
     assert other.poll() is None  # never signalled
 
 
+def running(pid: int, comm: str) -> None:
+    """Wait until ``pid`` runs the program named ``comm`` (its ``exec`` is done)."""
+    wait_until(lambda: read_stat_line(pid).startswith(f"{pid} ({comm})".encode()))
+
+
 def test_the_argv_of_a_process_listed_a_step_away_is_read_by_its_ticks(
     procs: Processes, clock_step: Callable[[int], None]
 ) -> None:
     process = procs.sleep()
+    running(process.pid, "sleep")
     listed_at = round(Clock().seconds(ticks(process.pid))) - STEP_S
     assert argv_of(process.pid, listed_at) is None  # by the time alone: not the process listed
     assert argv_of(process.pid, listed_at, ticks(process.pid)) == ["sleep", "300"]
@@ -245,6 +251,7 @@ def test_the_argv_cache_follows_an_exec_after_a_step(
     """A process kept in the cache that execs after a step is read again as itself."""
     script = "read line; exec sleep 301"
     process = procs.start(["sh", "-c", script], stdin=subprocess.PIPE)
+    running(process.pid, "sh")
     cache = ArgvCache()
     key = (process.pid, round(Clock().seconds(ticks(process.pid))))
     assert cache.read([key]) == {key: ["sh", "-c", script]}
@@ -252,5 +259,5 @@ def test_the_argv_cache_follows_an_exec_after_a_step(
     assert process.stdin is not None
     process.stdin.write(b"go\n")
     process.stdin.close()
-    wait_until(lambda: read_stat_line(process.pid).startswith(f"{process.pid} (sleep)".encode()))
+    running(process.pid, "sleep")
     assert cache.read([key], fresh=True) == {key: ["sleep", "301"]}

@@ -151,13 +151,12 @@ def test_a_step_either_way_changes_nothing_the_daemon_answers(
 
         def with_descendant() -> ActiveSessionsSnapshot | None:
             snapshot = fresh()
-            kinds = [kind for kind, _, _ in listed(snapshot).values()]
-            return snapshot if "descendant" in kinds else None
+            found = [argv for kind, _, argv in listed(snapshot).values() if kind == "descendant"]
+            return snapshot if found == [["sleep", "300"]] else None  # forked, and exec'd
 
         before = wait_until(with_descendant, message="the shell's child listed")
         (child,) = [pid for pid, (kind, _, _) in listed(before).items() if kind == "descendant"]
         procs.adopt(child)
-        assert listed(before)[child][2] == ["sleep", "300"]
         held = client.status().pidfds
         assert held >= 5 and client.status().sampled == 0
 
