@@ -151,6 +151,15 @@ def test_a_version_1_store_is_read_its_rows_by_their_tolerance(
     assert snapshot.discovery == "ready", snapshot.gaps
     assert {pid: kind for pid, (_, kind, _) in listed(snapshot).items()} == {near.pid: "process"}
 
+    # A runtime's kit opens it while the daemon runs: migrated, and its new row, a step
+    # away with its identity, is read through the connection the daemon kept open.
+    later = procs.sleep()
+    with OwnershipStore(store_path(daemon.home)) as store:
+        store.register_process(later.pid, "ses_v1", start=stepped(later.pid, STEP_S))
+    snapshot = client.snapshot(fresh=True)
+    assert snapshot.discovery == "ready", snapshot.gaps
+    assert set(listed(snapshot)) == {near.pid, later.pid}
+
 
 def test_a_store_a_newer_kit_wrote_is_unavailable_with_what_to_do(
     daemon: DaemonProcess, client: Client
