@@ -10,7 +10,10 @@ It uses only the writer kit that ships with the package (``capsule_client``):
 
 1. registers a session, its input and its execs in the ownership store;
 2. starts real background ``sleep`` processes (they outlive this script);
-3. writes a provider-client receipt and exec receipts for them;
+3. writes a provider-client receipt and exec receipts for them, each with
+   its process's start read from the OS by the kit (on Linux its boot id
+   and start ticks too: the daemon then names the process exactly, whatever
+   the clock does, docs/design.md §14);
 4. records the session's trace: ``session_start``, a trusted ``task_start``
    and a ``shell_detached`` per exec process that never reports an outcome,
    so a resumed session has something to reconcile;

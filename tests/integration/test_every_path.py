@@ -168,7 +168,7 @@ def test_store_rows_toggled_at_random_phases_show_on_every_path(native: Home, ta
     def change(on: bool, rng: random.Random) -> None:
         if table == "session_processes":
             if on:
-                sql = "INSERT INTO session_processes VALUES (?, ?, ?)"
+                sql = "INSERT INTO session_processes (pid, started_at, session_id) VALUES (?, ?, ?)"
                 home.write(sql, (home.pid, round(home.start_s), session), rng)
             else:
                 home.write("DELETE FROM session_processes WHERE pid = ?", (home.pid,), rng)

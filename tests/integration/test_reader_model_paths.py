@@ -185,7 +185,10 @@ class PathsReaderModel(ReaderModel):
         if session_id is None:
             writer.write("DELETE FROM session_processes WHERE pid = ?", (pid,), stall=stall)
         else:
-            sql = "INSERT OR REPLACE INTO session_processes VALUES (?, ?, ?)"
+            sql = (
+                "INSERT OR REPLACE INTO session_processes (pid, started_at, session_id)"
+                " VALUES (?, ?, ?)"
+            )
             writer.write(sql, (pid, round(start), session_id), stall=stall)
 
     @rule()

@@ -9,14 +9,21 @@ import anyio
 import pytest
 from sessions_support import Sleepers
 
+from capsule_client.kit.proc import ticks_per_s
 from capsuled.processes.exits import ExitWatch, pidfds_supported
-from capsuled.processes.sample import sample_processes
+from capsuled.processes.sample import Start, sample_processes
 
 pytestmark = pytest.mark.skipif(not pidfds_supported(), reason="no pidfd on this system")
 
 
+def earlier(start: Start, seconds: int) -> Start:
+    """The start of a process that started ``seconds`` before ``start``'s."""
+    assert start.ticks is not None
+    return Start(start.s - seconds, start.ticks - seconds * ticks_per_s())
+
+
 def _run_watch(
-    watched: dict[int, float],
+    watched: dict[int, Start],
     during: list[subprocess.Popen[bytes]],
     *,
     max_pidfds: int = 4096,
@@ -67,7 +74,7 @@ def test_a_reused_pid_counts_as_an_exit_at_once(pool: Sleepers) -> None:
     process = pool.start()
     started = sample_processes()[process.pid]
     # The sample said another process had this pid, 100 s earlier: it is gone.
-    exits, held, _ = _run_watch({process.pid: started - 100}, [])
+    exits, held, _ = _run_watch({process.pid: earlier(started, 100)}, [])
     assert (exits, held) == (1, 0)
 
 
@@ -97,7 +104,7 @@ def test_sampling_mode_holds_nothing(pool: Sleepers) -> None:
 
 def test_a_refused_process_is_reported_once_while_samples_list_it(pool: Sleepers) -> None:
     process = pool.start()
-    watched = {process.pid: sample_processes()[process.pid] - 100}
+    watched = {process.pid: earlier(sample_processes()[process.pid], 100)}
 
     async def main() -> tuple[int, int, int]:
         exits: list[None] = []

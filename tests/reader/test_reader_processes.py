@@ -10,19 +10,21 @@ import pytest
 from sessions_support import Sleepers
 
 from capsuled.processes import sample as processes
-from capsuled.processes.sample import matches_start, sample_processes
+from capsuled.processes.sample import Start, matches_start, sample_processes
 
 
 def test_the_sample_agrees_with_psutil(pool: Sleepers) -> None:
     process = pool.start()
     sample = sample_processes()
-    assert sample[os.getpid()] == pytest.approx(psutil.Process().create_time(), abs=0.01)
-    assert sample[process.pid] == pytest.approx(psutil.Process(process.pid).create_time(), abs=0.01)
+    assert sample[os.getpid()].s == pytest.approx(psutil.Process().create_time(), abs=0.01)
+    assert sample[process.pid].s == pytest.approx(
+        psutil.Process(process.pid).create_time(), abs=0.01
+    )
 
 
 @pytest.mark.parametrize("sampler", [processes._sample_proc, processes._sample_psutil])
 def test_zombies_and_the_dead_are_not_in_the_sample(
-    pool: Sleepers, sampler: Callable[[], dict[int, float]]
+    pool: Sleepers, sampler: Callable[[], dict[int, Start]]
 ) -> None:
     alive, dead, zombie = pool.start(), pool.start(), pool.start()
     assert {alive.pid, dead.pid, zombie.pid} <= sampler().keys()
@@ -50,15 +52,15 @@ def test_both_samplers_agree(pool: Sleepers) -> None:
     shared = by_proc.keys() & by_psutil.keys()
     assert {os.getpid(), sleeper.pid} <= shared
     assert [pid for pid in by_proc.keys() - shared if after.get(pid) == by_proc[pid]] == []
-    earliest = by_proc[sleeper.pid] - 0.011
-    assert [pid for pid in by_psutil.keys() - shared if by_psutil[pid] < earliest] == []
+    earliest = by_proc[sleeper.pid].s - 0.011
+    assert [pid for pid in by_psutil.keys() - shared if by_psutil[pid].s < earliest] == []
     # A pid ended and handed out again between the two: then the third sample has the new start.
-    differ = [pid for pid in shared if abs(by_proc[pid] - by_psutil[pid]) >= 0.011]
+    differ = [pid for pid in shared if abs(by_proc[pid].s - by_psutil[pid].s) >= 0.011]
     assert [pid for pid in differ if after.get(pid) == by_proc[pid]] == []
 
 
 def test_matches_start_uses_the_tolerance() -> None:
-    sample = {100: 1000.0}
+    sample = {100: Start(1000.0)}
     assert matches_start(sample, 100, 1003, 3)
     assert matches_start(sample, 100, 997, 3)
     assert not matches_start(sample, 100, 1003.5, 3)

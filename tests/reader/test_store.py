@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 from sessions_support import Sleepers
 
+from capsule_client.kit.proc import process_start
 from capsule_client.kit.store import OwnershipStore, StoreVersionError
-from capsuled.reader.store import CHUNK_SIZE, Ownership, OwnershipReader, StoreUnavailable
+from capsuled.reader.store import (
+    CHUNK_SIZE,
+    Ownership,
+    OwnershipReader,
+    ProcessRow,
+    StoreUnavailable,
+)
 
 
 @pytest.fixture
@@ -21,7 +28,7 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "home" / "capsule.db"
 
 
-def test_writer_creates_the_schema_in_wal_with_user_version_1(db: Path) -> None:
+def test_writer_creates_the_schema_in_wal_with_user_version_2(db: Path) -> None:
     with OwnershipStore(db):
         pass
     with OwnershipStore(db):  # opening again keeps it
@@ -29,7 +36,7 @@ def test_writer_creates_the_schema_in_wal_with_user_version_1(db: Path) -> None:
     raw = sqlite3.connect(db)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (1,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
         tables = {
             row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")
         }
@@ -64,6 +71,7 @@ def test_ownership_answers_only_the_keys_asked(db: Path, pool: Sleepers) -> None
         store.register_input("inp_other", "ses_b")
         store.register_exec("exe_b", "ses_b")
         started = store.register_process(process.pid, "ses_a")
+        identity = process_start(process.pid)
         store.register_process(process.pid, "ses_b", started_at_s=started - 1000)
         store.register_process(424242, "ses_b", started_at_s=5)
     ownership = OwnershipReader(db).session_process_ownership(
@@ -72,7 +80,12 @@ def test_ownership_answers_only_the_keys_asked(db: Path, pool: Sleepers) -> None
     assert ownership == Ownership(
         inputs={"inp_a": "ses_a"},
         execs={"exe_b": "ses_b"},
-        processes={process.pid: [(started - 1000, "ses_b"), (started, "ses_a")]},
+        processes={
+            process.pid: [
+                ProcessRow(started - 1000, "ses_b"),
+                ProcessRow(started, "ses_a", identity.boot_id, identity.start_ticks),
+            ]
+        },
         contexts={"ses_a": "ctx_a", "ses_b": None},
     )
 
@@ -101,7 +114,9 @@ def test_key_lists_longer_than_sqlites_variable_limit(db: Path) -> None:
                 ((f"exe_{i}",) for i in range(count)),
             )
             store._db.executemany(
-                "INSERT INTO session_processes VALUES (?, 1, 'ses_a')", ((i,) for i in range(count))
+                "INSERT INTO session_processes (pid, started_at, session_id)"
+                " VALUES (?, 1, 'ses_a')",
+                ((i,) for i in range(count)),
             )
             store._db.execute("COMMIT")
     assert CHUNK_SIZE < 999
@@ -135,7 +150,7 @@ def test_a_store_whose_schema_is_not_committed_yet_means_nobody_owns_anything(
 def test_a_store_with_tables_but_no_user_version_is_unavailable(db: Path) -> None:
     db.parent.mkdir()
     made_with(db, "CREATE TABLE other (x)")
-    with pytest.raises(StoreUnavailable, match="user_version 0, expected 1"):
+    with pytest.raises(StoreUnavailable, match="user_version 0, which no capsule writer kit"):
         OwnershipReader(db).session_process_ownership([], [], [])
 
 
@@ -149,8 +164,8 @@ def test_corrupt_store_is_unavailable(db: Path) -> None:
 def test_wrong_user_version_is_unavailable(db: Path) -> None:
     with OwnershipStore(db):
         pass
-    made_with(db, "PRAGMA user_version = 2")
-    with pytest.raises(StoreUnavailable, match="user_version 2, expected 1"):
+    made_with(db, "PRAGMA user_version = 3")
+    with pytest.raises(StoreUnavailable, match="user_version 3, newer than"):
         OwnershipReader(db).session_process_ownership([], [], [])
 
 

@@ -4,7 +4,8 @@ sessions (docs/design.md §3, §4, §6, §9, §10).
 * :mod:`.paths`: where the home, the socket and the store are (§2);
 * :mod:`.receipts`: the receipt formats, and writing one atomically with the
   start time read from the OS (§3);
-* :mod:`.proc`: the one ``/proc/<pid>/stat`` parser (§3 "Liveness");
+* :mod:`.proc`: the one ``/proc/<pid>/stat`` parser, this boot's id, and a
+  process's start with its exact identity (§3 "Liveness", §14);
 * :mod:`.store`: the ownership store's schema and writer (§4);
 * :mod:`.trace`: the trace's format, its lock, the event ids (§6);
 * :mod:`.launcher`: ``spawn``, a command started under ``capsulectl run``, and the

@@ -43,7 +43,8 @@ def register_launcher(
     pid: int | None = None,
 ) -> int:
     """Register the session (kept as it is where ``title``/``context_id`` are not given) and
-    ``pid`` (default: this process) as its own (pid, start) row in the store of ``home``.
+    ``pid`` (default: this process) as its own (pid, start) row in the store of ``home``,
+    with the process's exact identity on Linux (docs/design.md §14).
 
     Returns the start time recorded, whole Unix seconds (for :func:`release_launcher`).
 

@@ -1,4 +1,4 @@
-"""Linux ``/proc``: the one parser of ``/proc/<pid>/stat``, the boot time, ticks to Unix seconds.
+"""Linux ``/proc``: the one ``/proc/<pid>/stat`` parser, the boot's time and id, ticks to seconds.
 
 ``/proc/<pid>/stat`` is one line; field 2 is the command name in parentheses,
 which may itself hold spaces and ``)``, so the fields after it are counted
@@ -13,9 +13,18 @@ being the boot time from ``/proc/stat``: the same arithmetic as psutil's
 ``create_time()``, so the daemon's sample, the pidfd re-check and the receipt
 writer agree to the bit (docs/design.md §3 liveness).
 
+That wall-clock start moves whenever the clock is stepped (NTP, ``date -s``, a
+resumed VM): the kernel derives ``btime`` from the wall clock at each read. The
+kernel's exact identity of a process is (boot id, start ticks): the boot id
+(``/proc/sys/kernel/random/boot_id``, :func:`boot_id`) is new at every boot, and
+the ticks are counted from that boot, untouched by any step. Writers record both
+beside the start time (:func:`process_start`), and the daemon compares them
+exactly where both sides have them (docs/design.md §14).
+
 Receipt writers, the daemon's process sample and its exit watch all read the
 stat line through here. Off Linux there is no ``/proc``: the daemon uses psutil,
-and :func:`process_start_time`, the writers' start time, asks ``sysctl`` on macOS.
+and :func:`process_start`, the writers' start, asks ``sysctl`` on macOS and
+records no boot id or ticks.
 """
 
 from __future__ import annotations
@@ -26,12 +35,17 @@ import sys
 from typing import Final, NamedTuple
 
 __all__ = [
+    "BOOT_ID_PATH",
     "NOT_LIVE_STATES",
     "ExecMark",
     "ProcStat",
+    "ProcessStart",
+    "boot_id",
     "boot_time_s",
+    "is_boot_id",
     "parse_exec_mark",
     "parse_stat",
+    "process_start",
     "process_start_time",
     "read_stat",
     "read_stat_line",
@@ -41,6 +55,9 @@ __all__ = [
 
 #: ``state`` letters of a process that is not live: zombie, dead (``X``, and ``x`` of old kernels).
 NOT_LIVE_STATES: Final = frozenset({"Z", "X", "x"})
+
+#: This boot's id, a random UUID the kernel makes at each boot (random(4)).
+BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 
 #: Fields after the command name up to ``starttime``: ``starttime`` is the 20th of them.
 _START_INDEX: Final = 19
@@ -170,17 +187,64 @@ def start_time_s(start_ticks: int, boot_s: int, ticks: int) -> float:
     return boot_s + start_ticks / ticks
 
 
+@functools.cache
+def boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), read once per process.
+
+    None where the OS has none (no ``/proc``: macOS, a sandbox that hides it):
+    writers then record no exact identity, and the daemon compares start times
+    within a tolerance (docs/design.md §14).
+    """
+    try:
+        with open(BOOT_ID_PATH, "rb") as file:
+            text = file.read().decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if is_boot_id(text) else None
+
+
+_HEX: Final = frozenset("0123456789abcdef")
+_DASHES: Final = (8, 13, 18, 23)
+
+
+def is_boot_id(text: str) -> bool:
+    """Whether ``text`` is written as the kernel writes a boot id: a UUID in lowercase hex.
+
+    The daemon compares boot ids as text, so a boot id written otherwise
+    (upper case, braces) could never match: receipts refuse it.
+    """
+    return len(text) == 36 and all(
+        (char == "-") if at in _DASHES else (char in _HEX) for at, char in enumerate(text)
+    )
+
+
 # --------------------------------------------------------------------------
-# Process start time from the OS (no psutil on the client side)
+# Process start from the OS (no psutil on the client side)
 
 
-def process_start_time(pid: int) -> float:
-    """The start time of process ``pid``, Unix seconds.
+class ProcessStart(NamedTuple):
+    """When a process started, as a writer records it (docs/design.md §3, §4, §14).
 
-    Linux: ``/proc/<pid>/stat`` field 22 (clock ticks since boot) plus the
-    boot time from ``/proc/stat``, read by the parser above, which the daemon's
-    process sample uses too — the same arithmetic as psutil's ``create_time()``.
-    macOS: ``sysctl(KERN_PROC_PID)``'s ``p_starttime``.
+    ``boot_id`` and ``start_ticks`` go together: both, or neither (off Linux,
+    or a start the caller gives as a time alone).
+    """
+
+    #: The wall-clock start, Unix seconds: what people are shown.
+    started_at_s: float
+    #: The boot it started in (:func:`boot_id`); None where unknown.
+    boot_id: str | None = None
+    #: ``starttime``, clock ticks since that boot (field 22); None where unknown.
+    start_ticks: int | None = None
+
+
+def process_start(pid: int) -> ProcessStart:
+    """The start of process ``pid``: its wall-clock time and, on Linux, its exact identity.
+
+    Linux: one read of ``/proc/<pid>/stat`` gives field 22 (clock ticks since
+    boot); the wall-clock time is the boot time from ``/proc/stat`` plus those
+    ticks, the same arithmetic as psutil's ``create_time()`` and the daemon's
+    sample; the boot id comes from :func:`boot_id`. macOS:
+    ``sysctl(KERN_PROC_PID)``'s ``p_starttime``, no boot id or ticks.
 
     Raises:
         ProcessLookupError: no process ``pid``.
@@ -189,10 +253,25 @@ def process_start_time(pid: int) -> float:
     """
     if sys.platform.startswith("linux"):
         stat = read_stat(pid)
-        return start_time_s(stat.start_ticks, boot_time_s(), ticks_per_s())
+        started_at_s = start_time_s(stat.start_ticks, boot_time_s(), ticks_per_s())
+        this_boot = boot_id()
+        if this_boot is None:
+            return ProcessStart(started_at_s)
+        return ProcessStart(started_at_s, this_boot, stat.start_ticks)
     if sys.platform == "darwin":
-        return _darwin_start_time(pid)
+        return ProcessStart(_darwin_start_time(pid))
     raise OSError(f"reading a process start time is not supported on {sys.platform}")
+
+
+def process_start_time(pid: int) -> float:
+    """The start time of process ``pid``, Unix seconds (:func:`process_start`'s wall clock).
+
+    Raises:
+        ProcessLookupError: no process ``pid``.
+        OSError: the platform is neither Linux nor macOS, or the OS refused.
+        ValueError: ``/proc/<pid>/stat`` could not be parsed.
+    """
+    return process_start(pid).started_at_s
 
 
 _CTL_KERN = 1

@@ -12,11 +12,17 @@ down once. Unknown fields are ignored (forward compatibility); a wrong type, a
 missing field, ``schema_version != 1`` or ``pid <= 1`` raise
 :class:`ReceiptError`.
 
+Both receipt kinds may carry the process's exact identity, ``boot_id`` and
+``start_ticks`` (docs/design.md §3, §14): both or neither, the boot id written
+as the kernel writes it. Where both sides have it, the daemon compares it
+exactly, and the wall-clock ``started_at`` is then only what people are shown.
+
 The writer half (``write_provider_client_receipt``, ``write_exec_receipt``)
 writes a receipt atomically: a hidden ``.name.tmp`` beside it, ``fsync``,
-``rename``; directories are created ``0700``. The start time is read from the
-operating system (:func:`process_start_time`), never taken from the caller's
-clock, because the daemon matches it against its own process sample.
+``rename``; directories are created ``0700``. The start is read from the
+operating system (:func:`process_start`: the start time, and on Linux the boot
+id and start ticks), never taken from the caller's clock, because the daemon
+matches it against its own process sample.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Annotated, Final, TypeVar
 import msgspec
 
 from .paths import make_private_dirs
-from .proc import process_start_time
+from .proc import ProcessStart, is_boot_id, process_start, process_start_time
 
 __all__ = [
     "EXEC_RECEIPT_TOLERANCE_S",
@@ -38,6 +44,7 @@ __all__ = [
     "PROVIDER_CLIENT_TOLERANCE_S",
     "SERVER_TOLERANCE_S",
     "ExecReceipt",
+    "ProcessStart",
     "ProviderClientReceipt",
     "ReceiptError",
     "ServerRegistryEntry",
@@ -47,6 +54,7 @@ __all__ = [
     "exec_receipt_path",
     "is_valid_input_id",
     "make_private_dirs",
+    "process_start",
     "process_start_time",
     "provider_client_receipt_path",
     "write_exec_receipt",
@@ -67,6 +75,11 @@ SCHEMA_VERSION: Final = 1
 _INPUT_ID = re.compile(r"inp_[A-Za-z0-9_-]{1,128}")
 
 Pid = Annotated[int, msgspec.Meta(gt=1)]
+#: A boot id as the kernel writes it (``/proc/sys/kernel/random/boot_id``).
+BootId = Annotated[
+    str, msgspec.Meta(pattern="^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+]
+StartTicks = Annotated[int, msgspec.Meta(ge=0)]
 _T = TypeVar("_T")
 
 
@@ -82,12 +95,16 @@ class ProviderClientReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
         pid: the provider client's process id, > 1.
         started_at: the process's start time, RFC 3339 with an offset.
         provider: e.g. ``opencode``, shown to users.
+        boot_id: the boot the process started in, as the kernel writes it.
+        start_ticks: its ``starttime``, clock ticks since that boot.
     """
 
     schema_version: int
     pid: Pid
     started_at: Annotated[datetime, msgspec.Meta(tz=True)]
     provider: str | None = None
+    boot_id: BootId | None = None
+    start_ticks: StartTicks | None = None
 
     @property
     def started_at_s(self) -> float:
@@ -104,6 +121,8 @@ class ExecReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
         pid: the exec process's id, > 1.
         started_at: the process's start time, Unix seconds.
         command: shown to users.
+        boot_id: the boot the process started in, as the kernel writes it.
+        start_ticks: its ``starttime``, clock ticks since that boot.
     """
 
     schema_version: int
@@ -111,6 +130,8 @@ class ExecReceipt(msgspec.Struct, frozen=True, omit_defaults=True):
     pid: Pid
     started_at: int
     command: str | None = None
+    boot_id: BootId | None = None
+    start_ticks: StartTicks | None = None
 
 
 class ServerRegistryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -156,9 +177,15 @@ def _decode(decoder: msgspec.json.Decoder[_T], data: bytes, what: str) -> _T:
         raise ReceiptError(f"invalid {what}: nested too deeply") from None
 
 
-def _check_version(version: int) -> None:
-    if version != SCHEMA_VERSION:
-        raise ReceiptError(f"unsupported schema_version {version} (expected {SCHEMA_VERSION})")
+def _check(receipt: ProviderClientReceipt | ExecReceipt) -> None:
+    if receipt.schema_version != SCHEMA_VERSION:
+        raise ReceiptError(
+            f"unsupported schema_version {receipt.schema_version} (expected {SCHEMA_VERSION})"
+        )
+    if (receipt.boot_id is None) != (receipt.start_ticks is None):
+        raise ReceiptError(
+            "boot_id and start_ticks go together: one without the other names no process"
+        )
 
 
 def decode_provider_client_receipt(data: bytes) -> ProviderClientReceipt:
@@ -166,10 +193,12 @@ def decode_provider_client_receipt(data: bytes) -> ProviderClientReceipt:
 
     Raises:
         ReceiptError: not JSON, a wrong or missing field, ``schema_version``
-            other than 1, ``pid <= 1``, ``started_at`` without an offset.
+            other than 1, ``pid <= 1``, ``started_at`` without an offset, a
+            ``boot_id`` not written as the kernel writes one, or only one of
+            ``boot_id`` and ``start_ticks``.
     """
     receipt = _decode(_provider_decoder, data, "provider-client receipt")
-    _check_version(receipt.schema_version)
+    _check(receipt)
     return receipt
 
 
@@ -178,10 +207,12 @@ def decode_exec_receipt(data: bytes) -> ExecReceipt:
 
     Raises:
         ReceiptError: not JSON, a wrong or missing field, ``schema_version``
-            other than 1, ``pid <= 1``, an empty ``exec_id``.
+            other than 1, ``pid <= 1``, an empty ``exec_id``, a ``boot_id``
+            not written as the kernel writes one, or only one of ``boot_id``
+            and ``start_ticks``.
     """
     receipt = _decode(_exec_decoder, data, "exec receipt")
-    _check_version(receipt.schema_version)
+    _check(receipt)
     return receipt
 
 
@@ -243,6 +274,7 @@ def write_provider_client_receipt(
     *,
     provider: str | None = None,
     started_at_s: float | None = None,
+    start: ProcessStart | None = None,
 ) -> Path:
     """Write the provider-client receipt of a running process, atomically.
 
@@ -253,23 +285,30 @@ def write_provider_client_receipt(
         client_id: the receipt's file name without ``.json``.
         pid: the provider client's process id.
         provider: shown to users, e.g. ``opencode``.
-        started_at_s: the process's start time; read from the OS when omitted.
+        started_at_s: the process's start time, recorded alone (no boot id or
+            ticks: the daemon then compares it within the tolerance).
+        start: the process's start as :func:`process_start` reads it. When
+            neither is given, it is read from the OS now.
 
     Returns:
         The receipt's path.
 
     Raises:
-        ReceiptError: a name is invalid, or ``pid <= 1``.
-        ProcessLookupError: no process ``pid`` (when ``started_at_s`` is omitted).
+        ReceiptError: a name is invalid, ``pid <= 1``, both ``started_at_s``
+            and ``start`` are given, or ``start`` has only one of its boot id
+            and ticks.
+        ProcessLookupError: no process ``pid`` (when the start is read from the OS).
         OSError: writing failed.
     """
     path = provider_client_receipt_path(home, run_id, input_id, client_id)
-    start = process_start_time(pid) if started_at_s is None else started_at_s
+    recorded = _start(pid, started_at_s, start)
     receipt = ProviderClientReceipt(
         schema_version=SCHEMA_VERSION,
         pid=_check_pid(pid),
-        started_at=datetime.fromtimestamp(start, tz=UTC),
+        started_at=datetime.fromtimestamp(recorded.started_at_s, tz=UTC),
         provider=provider,
+        boot_id=recorded.boot_id,
+        start_ticks=recorded.start_ticks,
     )
     _write_atomically(path, _encoder.encode(receipt))
     return path
@@ -282,6 +321,7 @@ def write_exec_receipt(
     *,
     command: str | None = None,
     started_at_s: float | None = None,
+    start: ProcessStart | None = None,
 ) -> Path:
     """Write the exec receipt of a running process, atomically.
 
@@ -290,27 +330,49 @@ def write_exec_receipt(
         exec_id: the exec's id; also the receipt's file name without ``.json``.
         pid: the exec process's id.
         command: shown to users.
-        started_at_s: the process's start time; read from the OS when omitted.
+        started_at_s: the process's start time, recorded alone (no boot id or
+            ticks: the daemon then compares it within the tolerance).
+        start: the process's start as :func:`process_start` reads it. When
+            neither is given, it is read from the OS now.
 
     Returns:
         The receipt's path.
 
     Raises:
-        ReceiptError: ``exec_id`` is not usable as a file name, or ``pid <= 1``.
-        ProcessLookupError: no process ``pid`` (when ``started_at_s`` is omitted).
+        ReceiptError: ``exec_id`` is not usable as a file name, ``pid <= 1``,
+            both ``started_at_s`` and ``start`` are given, or ``start`` has
+            only one of its boot id and ticks.
+        ProcessLookupError: no process ``pid`` (when the start is read from the OS).
         OSError: writing failed.
     """
     path = exec_receipt_path(home, exec_id)
-    start = process_start_time(pid) if started_at_s is None else started_at_s
+    recorded = _start(pid, started_at_s, start)
     receipt = ExecReceipt(
         schema_version=SCHEMA_VERSION,
         exec_id=exec_id,
         pid=_check_pid(pid),
-        started_at=round(start),
+        started_at=round(recorded.started_at_s),
         command=command,
+        boot_id=recorded.boot_id,
+        start_ticks=recorded.start_ticks,
     )
     _write_atomically(path, _encoder.encode(receipt))
     return path
+
+
+def _start(pid: int, started_at_s: float | None, start: ProcessStart | None) -> ProcessStart:
+    """What a writer records: ``start``, ``started_at_s`` alone, or the OS's reading now."""
+    if start is not None:
+        if started_at_s is not None:
+            raise ReceiptError("give started_at_s or start, not both")
+        if (start.boot_id is None) != (start.start_ticks is None):
+            raise ReceiptError("a start's boot_id and start_ticks go together")
+        if start.boot_id is not None and not is_boot_id(start.boot_id):
+            raise ReceiptError(f"boot_id {start.boot_id!r} is not written as the kernel writes one")
+        return start
+    if started_at_s is not None:
+        return ProcessStart(started_at_s)
+    return process_start(pid)
 
 
 def _check_pid(pid: int) -> int:

@@ -43,6 +43,7 @@ from capsule_client.wire import (
 )
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.exits import ExitWatch
+from capsuled.processes.identity import Start
 from capsuled.watch.changes import ChangeFeed
 
 from .home_reader import HomeReader
@@ -123,6 +124,7 @@ class Discovery:
             pending=lambda: self.watcher_mode != "off" and bool(self.changes),
             stale_since=lambda: wakeups.stale_since,
             sync=sync,
+            starts=reader.sampled_starts,
         )
         self.changes.listener = self._changed
 
@@ -295,7 +297,7 @@ class Discovery:
         """
         self._latest.end_long_polls()
 
-    def sampled_starts(self, observed_at: float) -> Mapping[int, float]:
-        """pid → the start time the sample of the observation made at ``observed_at``
+    def sampled_starts(self, observed_at: float) -> Mapping[int, Start]:
+        """pid → the start the sample of the observation made at ``observed_at``
         read, for its answer's processes (empty for an observation no longer kept)."""
         return self.reader.sampled_starts(observed_at)

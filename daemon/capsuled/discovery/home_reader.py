@@ -2,8 +2,9 @@
 
 :class:`HomeReader` holds the :class:`~capsuled.reader.ActiveSessionReader`
 of the home now and runs its observations in a worker thread, one at a
-time: it counts them, and keeps the start times their samples read for the
-latest few (``session.terminate`` signals by them, docs/design.md §7). When
+time: it counts them, and keeps the starts their samples read for the
+latest few (``session.terminate`` signals by them, the argv cache names its
+processes by them: docs/design.md §7, §14). When
 an observation finds the home replaced or removed, it starts a fresh reader
 for the path: the strictness is checked again, the generation count goes
 on, a warning is logged and ``totals.readers_restarted`` counted.
@@ -26,6 +27,7 @@ import structlog
 
 from capsule_client.wire import StatusTotals
 from capsuled.processes.descendants import MAX_TRACKED_PIDFDS, DescendantTracker
+from capsuled.processes.identity import Start
 from capsuled.reader import ActiveSessionReader, Generations, Lineage, Observation, run_base
 from capsuled.watch.changes import ChangeFeed
 
@@ -78,8 +80,8 @@ class HomeReader:
         self._descendant_pidfds = descendant_pidfds
         self._cancel = threading.Event()
         self._generations = Generations(run_base())
-        # observed_at → pid → sampled start time (``Observation.watched``), newest last.
-        self._sampled: dict[float, Mapping[int, float]] = {}
+        # observed_at → pid → sampled start (``Observation.watched``), newest last.
+        self._sampled: dict[float, Mapping[int, Start]] = {}
         self.current = self._new_reader()
         self._observed_by = self.current
 
@@ -101,7 +103,7 @@ class HomeReader:
         verify_barrier_ns: int | None,
         *,
         trust_watcher: bool,
-        held: Mapping[int, tuple[float, int]],
+        held: Mapping[int, tuple[Start, int]],
     ) -> Observation:
         """One observation of the reader now, in a worker thread, counted.
 
@@ -138,8 +140,8 @@ class HomeReader:
         self.current.lineage.close()
         self.current = self._new_reader()
 
-    def sampled_starts(self, observed_at: float) -> Mapping[int, float]:
-        """pid → the start time the sample of the observation made at ``observed_at``
+    def sampled_starts(self, observed_at: float) -> Mapping[int, Start]:
+        """pid → the start the sample of the observation made at ``observed_at``
         read, for its answer's processes (empty for an observation no longer kept)."""
         return self._sampled.get(observed_at, {})
 

@@ -11,7 +11,7 @@ for another generation; ``usage`` measures the processes for the request,
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 import msgspec
@@ -19,6 +19,7 @@ import msgspec
 from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_commands
+from capsuled.processes.identity import Start
 from capsuled.processes.usage import UsageMeter, with_usage
 
 from .encoded_answer import EncodedAnswer, encoder
@@ -41,6 +42,8 @@ class SnapshotAnswers:
             answer was begun before it, else None; an observation begun after
             it serves (:attr:`capsuled.discovery.wakeups.Wakeups.stale_since`).
         sync: the watch's read-your-writes barrier, or None.
+        starts: an answer's ``observed_at`` → pid → the start its sample read
+            (the argv cache names processes by their ticks, docs/design.md §14).
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class SnapshotAnswers:
         pending: Callable[[], bool],
         stale_since: Callable[[], float | None],
         sync: Callable[[], Awaitable[None]] | None,
+        starts: Callable[[float], Mapping[int, Start]] | None = None,
     ) -> None:
         self._flight = flight
         self._latest = latest
@@ -62,7 +66,7 @@ class SnapshotAnswers:
         self._encoded = EncodedAnswer()
         self._usage = UsageMeter()
         #: The argv of the processes answers list, for ``commands: true``.
-        self.argv = ArgvCache()
+        self.argv = ArgvCache(starts)
 
     async def snapshot_json(self, params: SnapshotParams) -> tuple[bytes, ...]:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.

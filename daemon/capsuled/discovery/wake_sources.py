@@ -24,6 +24,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from capsuled.processes.exits import ExitWatch
+from capsuled.processes.identity import Start
 from capsuled.processes.looks import DescendantLooks
 from capsuled.reader import Observation
 from capsuled.watch.changes import ChangeFeed
@@ -68,8 +69,8 @@ class WakeSources:
         """Plain-language remarks for ``status`` (the exit watch's)."""
         return self.exits.notes
 
-    def holding(self) -> Mapping[int, tuple[float, int]]:
-        """The processes the exit watch holds: pid → (start time, pidfd)."""
+    def holding(self) -> Mapping[int, tuple[Start, int]]:
+        """The processes the exit watch holds: pid → (start, pidfd)."""
         return self.exits.holding()
 
     def commit_awaited(self, changes: ChangeFeed) -> bool:

@@ -34,9 +34,11 @@ def fresh_session_processes(discovery: Discovery) -> SessionProcesses:
     """``session_id`` → its live processes in a fresh observation (docs/design.md §7).
 
     Fresh as ``sessions.snapshot {"max_age_ms": 0}`` (read-your-writes):
-    receipt processes, owned rows and descendants, each with the start time
-    the observation's sample read (a receipt's ``started_at`` may differ from
-    it by up to the receipt's tolerance). None when the session is not active.
+    receipt processes, owned rows and descendants, each with the start
+    the observation's sample read, its ticks and its time (a receipt's
+    ``started_at`` may differ from that time by up to the receipt's
+    tolerance, or by a clock step where it carries its exact identity,
+    docs/design.md §14). None when the session is not active.
 
     The returned coroutine raises ``DiscoveryUnavailable`` (the observation is
     ``unavailable``, still ``scanning`` at its timeout, or late),
@@ -51,17 +53,21 @@ def fresh_session_processes(discovery: Discovery) -> SessionProcesses:
         sampled = discovery.sampled_starts(snapshot.observed_at)
         for session in snapshot.sessions:
             if session.session_id == session_id:
-                return [
-                    Target(
-                        p.pid,
-                        p.started_at,
-                        p.kind,
-                        sampled.get(p.pid),
-                        parent_pid=p.parent_pid,
-                        root_pid=p.root_pid,
+                targets = []
+                for p in session.processes:
+                    start = sampled.get(p.pid)
+                    targets.append(
+                        Target(
+                            p.pid,
+                            p.started_at,
+                            p.kind,
+                            None if start is None else start.s,
+                            parent_pid=p.parent_pid,
+                            root_pid=p.root_pid,
+                            start_ticks=None if start is None else start.ticks,
+                        )
                     )
-                    for p in session.processes
-                ]
+                return targets
         return None
 
     return session_processes

@@ -1,7 +1,9 @@
-"""Processes: samples, tables, exits, descendants, argv, terminate (docs/design.md §3, §5, §7).
+"""Processes: samples, identity, exits, descendants, argv, terminate (docs/design.md §3-§7, §14).
 
 Offers :mod:`.sample` (the process sample liveness is decided from),
-:mod:`.table` (full process tables and the pid counter), :mod:`.exits`
+:mod:`.identity` (which process is which: a start by its ticks, which no
+clock step moves, and the one place the boot time is read; docs/design.md
+§14), :mod:`.table` (full process tables and the pid counter), :mod:`.exits`
 (process exits as pidfd events), :mod:`.descendants` (the descendants
 tracker), :mod:`.looks` (the descendant looks between observations),
 :mod:`.usage` (CPU and memory for ``usage: true``), :mod:`.argv` and

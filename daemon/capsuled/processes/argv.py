@@ -5,9 +5,11 @@ ask ``commands: true``, and keeps it while the process lives:
 
 * On Linux the argv is ``/proc/<pid>/cmdline`` (NUL-separated), read between
   two reads of the stat line; elsewhere ``psutil.Process.cmdline``. A stat
-  line whose start time is not the listed one (a reused pid), a zombie, an
-  empty ``cmdline`` (kernel threads, a zombie, a process that cleared it) or
-  one the OS refuses: ``None``, "the OS does not say".
+  line that names another process than the listed one (a reused pid: other
+  start ticks than the answer's observation sampled, or, where those are not
+  known, a start time not within :data:`START_TOLERANCE_S` of the listed
+  one), a zombie, an empty ``cmdline`` (kernel threads, a zombie, a process
+  that cleared it) or one the OS refuses: ``None``, "the OS does not say".
 * Bytes that are not UTF-8 are written ``\\xNN`` (Python's
   ``backslashreplace``, as ``ps`` shows what it cannot print escaped), so the
   answer is valid JSON and a byte is never silently lost.
@@ -15,7 +17,9 @@ ask ``commands: true``, and keeps it while the process lives:
   separator between two, as the kernel keeps them); a longer argv keeps its
   first strings whole, cuts the one that does not fit at a character and
   ends it with ``"…"``, and drops the rest.
-* Kept per (pid, listed start time). Each use re-reads the stat line at most
+* Kept per (pid, listed start time), the process named by its start ticks
+  from then on, so a clock step changes nothing (docs/design.md §14). Each
+  use re-reads the stat line at most
   every :data:`RECHECK_S` (every time when ``fresh``) and reads the argv again
   only when its :class:`~capsule_client.kit.proc.ExecMark` moved: a process that
   ``exec``\\ s shows its new command at the next check. Entries of processes
@@ -30,7 +34,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -39,7 +43,7 @@ import psutil
 from capsule_client.kit.proc import NOT_LIVE_STATES, ExecMark, parse_exec_mark, read_stat_line
 
 from .descendants import ROOT_TOLERANCE_S
-from .table import Clock
+from .identity import Clock, Start
 
 __all__ = ["ELLIPSIS", "MAX_ARGV_BYTES", "RECHECK_S", "Argv", "ArgvCache", "argv_of", "cut_argv"]
 
@@ -49,8 +53,8 @@ MAX_ARGV_BYTES: Final = 4096
 ELLIPSIS: Final = "…"
 #: Seconds between two checks of one process for an ``exec``, unless asked fresh.
 RECHECK_S: Final = 1.0
-#: A stat line's start time must be this close to the listed one (a root's
-#: tolerance, the receipts' widest, plus the listed value's rounding).
+#: Without start ticks, a stat line's start time must be this close to the listed
+#: one (a root's tolerance, the receipts' widest, plus the listed value's rounding).
 START_TOLERANCE_S: Final = ROOT_TOLERANCE_S + 1.0
 
 #: A process's argv, or None where the OS does not say.
@@ -118,15 +122,22 @@ def _mark(pid: int) -> ExecMark | None:
         return None
 
 
-def _argv_linux(pid: int, started_at: int, clock: Clock) -> tuple[Argv, ExecMark | None]:
-    """The argv of ``pid`` if it is the process listed as started at ``started_at``,
-    and the mark it was read under (None: nothing to keep)."""
+def _argv_linux(
+    pid: int, started_at: int, clock: Clock, start_ticks: int | None = None
+) -> tuple[Argv, ExecMark | None]:
+    """The argv of ``pid`` if it is the process listed as started at ``started_at``
+    (whose start ticks are ``start_ticks`` where known), and the mark it was read
+    under (None: nothing to keep)."""
     before = _mark(pid)
     for _ in range(2):  # an exec between the two stat reads: once more
         if (
             before is None
             or before.state in NOT_LIVE_STATES
-            or abs(clock.seconds(before.start_ticks) - started_at) > START_TOLERANCE_S
+            or (
+                before.start_ticks != start_ticks
+                if start_ticks is not None
+                else abs(clock.seconds(before.start_ticks) - started_at) > START_TOLERANCE_S
+            )
         ):
             return None, before if before is not None and before.state in NOT_LIVE_STATES else None
         try:
@@ -150,11 +161,12 @@ def _argv_psutil(pid: int, started_at: int) -> Argv:
         return None
 
 
-def argv_of(pid: int, started_at: int) -> Argv:
-    """The argv of the process ``pid`` listed as started at ``started_at`` (Unix s),
-    read now, or None where the OS does not say (docs/design.md §5). Blocking."""
+def argv_of(pid: int, started_at: int, start_ticks: int | None = None) -> Argv:
+    """The argv of the process ``pid`` listed as started at ``started_at`` (Unix s;
+    exactly the one whose start ticks are ``start_ticks`` where given), read now,
+    or None where the OS does not say (docs/design.md §5). Blocking."""
     if _LINUX:
-        return _argv_linux(pid, started_at, Clock())[0]
+        return _argv_linux(pid, started_at, Clock(), start_ticks)[0]
     return _argv_psutil(pid, started_at)
 
 
@@ -166,16 +178,39 @@ class _Entry:
 
 
 class ArgvCache:
-    """The argv of listed processes, read once per (pid, listed start) and checked for exec."""
+    """The argv of listed processes, read once per (pid, listed start) and checked for exec.
 
-    def __init__(self) -> None:
+    Args:
+        starts: an answer's ``observed_at`` → pid → the start its observation's
+            sample read (the daemon's
+            :meth:`~capsuled.discovery.home_reader.HomeReader.sampled_starts`):
+            a listed process is first read only if its stat has those start
+            ticks. Without it (or for an observation no longer kept) the listed
+            start time is compared within :data:`START_TOLERANCE_S`.
+    """
+
+    def __init__(self, starts: Callable[[float], Mapping[int, Start]] | None = None) -> None:
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}
+        self._starts = starts
         #: argv reads since start (for tests and benchmarks: the cache's hits cost none).
         self.reads = 0
 
+    def ticks_at(self, observed_at: float) -> dict[int, int]:
+        """pid → start ticks of the processes of the answer observed at ``observed_at``,
+        as its sample read them (empty where not known)."""
+        if self._starts is None:
+            return {}
+        starts = self._starts(observed_at)
+        return {pid: start.ticks for pid, start in starts.items() if start.ticks is not None}
+
     def read(
-        self, keys: Iterable[Key], *, fresh: bool = False, prune: bool = False
+        self,
+        keys: Iterable[Key],
+        *,
+        fresh: bool = False,
+        prune: bool = False,
+        ticks: Mapping[int, int] | None = None,
     ) -> dict[Key, Argv]:
         """``(pid, started_at)`` → argv (or None) for each of ``keys``.
 
@@ -184,6 +219,8 @@ class ArgvCache:
             fresh: check every one for an ``exec`` now (else at most every
                 :data:`RECHECK_S`).
             prune: ``keys`` is every listed process: forget the others.
+            ticks: pid → the start ticks the listing's sample read: a process
+                read for the first time must have exactly these.
 
         Blocking; run it in a worker thread.
         """
@@ -198,7 +235,7 @@ class ArgvCache:
                 if entry is None or fresh or now - entry.checked_at >= RECHECK_S:
                     if _LINUX and clock is None:
                         clock = Clock()
-                    entry = self._check(key, entry, clock, now)
+                    entry = self._check(key, entry, clock, now, (ticks or {}).get(key[0]))
                 kept[key] = entry
                 found[key] = entry.argv
             self._entries = kept
@@ -217,13 +254,22 @@ class ArgvCache:
             found[key] = entry.argv
         return found
 
-    def _check(self, key: Key, entry: _Entry | None, clock: Clock | None, now: float) -> _Entry:
+    def _check(
+        self,
+        key: Key,
+        entry: _Entry | None,
+        clock: Clock | None,
+        now: float,
+        start_ticks: int | None,
+    ) -> _Entry:
         pid, started_at = key
         if clock is None:  # no /proc: psutil
             self.reads += 1
             return _Entry(_argv_psutil(pid, started_at), None, now)
-        if entry is not None and entry.mark is not None and _mark(pid) == entry.mark:
-            return _Entry(entry.argv, entry.mark, now)
+        if entry is not None and entry.mark is not None:
+            if _mark(pid) == entry.mark:
+                return _Entry(entry.argv, entry.mark, now)
+            start_ticks = entry.mark.start_ticks  # the process it was first read as, for good
         self.reads += 1
-        argv, mark = _argv_linux(pid, started_at, clock)
+        argv, mark = _argv_linux(pid, started_at, clock, start_ticks)
         return _Entry(argv, mark, now)

@@ -10,7 +10,7 @@ touched, so an answer without commands costs what it cost before.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import anyio.to_thread
 import msgspec
@@ -24,7 +24,12 @@ __all__ = ["read_argv", "with_commands", "with_target_commands"]
 
 
 async def read_argv(
-    cache: ArgvCache, keys: Sequence[Key], *, fresh: bool = False, prune: bool = False
+    cache: ArgvCache,
+    keys: Sequence[Key],
+    *,
+    fresh: bool = False,
+    prune: bool = False,
+    ticks: Mapping[int, int] | None = None,
 ) -> dict[Key, Argv]:
     """``cache.read(keys)``: from memory where it can, else in a worker thread."""
     if not fresh:
@@ -32,7 +37,7 @@ async def read_argv(
         if found is not None:
             return found
     return await anyio.to_thread.run_sync(
-        lambda: cache.read(keys, fresh=fresh, prune=prune), abandon_on_cancel=True
+        lambda: cache.read(keys, fresh=fresh, prune=prune, ticks=ticks), abandon_on_cancel=True
     )
 
 
@@ -52,7 +57,11 @@ async def with_commands(
     if not processes:
         return answer
     argv = await read_argv(
-        cache, [(p.pid, p.started_at) for p in processes], fresh=fresh, prune=True
+        cache,
+        [(p.pid, p.started_at) for p in processes],
+        fresh=fresh,
+        prune=True,
+        ticks=cache.ticks_at(answer.observed_at),
     )
 
     def named(process: SessionProcess) -> SessionProcess:
@@ -73,5 +82,6 @@ async def with_target_commands(targets: Iterable[Target], cache: ArgvCache) -> l
     targets = list(targets)
     if not targets:
         return targets
-    argv = await read_argv(cache, [(t.pid, t.started_at) for t in targets])
+    ticks = {t.pid: t.start_ticks for t in targets if t.start_ticks is not None}
+    argv = await read_argv(cache, [(t.pid, t.started_at) for t in targets], ticks=ticks)
     return [dataclasses.replace(t, command=argv.get((t.pid, t.started_at))) for t in targets]

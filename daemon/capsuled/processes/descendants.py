@@ -47,11 +47,13 @@ LOOK_INTERVAL_S: Final = 1.0
 MAX_PROBED_PIDS: Final = 4096
 #: Pidfds a tracker holds at most (past them, a look reads the stat of the rest).
 MAX_TRACKED_PIDFDS: Final = 1024
-#: A root's start time must match its stat within this (the widest receipt tolerance, §3).
+#: A root without start ticks must match its stat within this (the widest receipt tolerance, §3).
 ROOT_TOLERANCE_S: Final = 5.0
 
 #: (pid, started_at Unix s) → session id: the live receipt and owned processes.
 Roots = Mapping[tuple[int, int], str]
+#: pid → start ticks of the roots, as the observation's sample read them.
+RootTicks = Mapping[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,9 @@ class Descendant:
     Attributes:
         pid: its pid.
         started_at: its start time, Unix seconds, rounded to the nearest second as the
-            writer kit rounds a receipt's (so a child never reads as older than its parent).
+            writer kit rounds a receipt's (so a child never reads as older than its parent);
+            read when it was first seen and kept while it lives, so that a clock step
+            does not make it look like another process (docs/design.md §14).
         parent_pid: its parent when first seen (kept after that parent exits).
         root_pid: the root (receipt or owned process) it descends from.
         session_id: the root's session.
@@ -153,16 +157,22 @@ class DescendantTracker:
         self.close()
 
     def look(
-        self, roots: Roots, table: ProcessTable | None = None
+        self,
+        roots: Roots,
+        table: ProcessTable | None = None,
+        root_ticks: RootTicks | None = None,
     ) -> dict[tuple[int, int], Descendant]:
         """The descendants now: (pid, started_at) → :class:`Descendant`.
 
         Args:
             roots: (pid, started_at Unix s) → session id of the live receipt
-                and owned processes (a root whose stat no longer matches
-                within :data:`ROOT_TOLERANCE_S` counts as gone).
+                and owned processes.
             table: a full process table (an observation's); without it the
                 look reads only the session's processes and what is new.
+            root_ticks: pid → start ticks of the roots as the observation's
+                sample read them: a root whose stat has other ticks counts as
+                gone. A root without them counts as gone when its stat's start
+                time is not within :data:`ROOT_TOLERANCE_S` of its ``started_at``.
         """
         clock = Clock()
         full = table is not None
@@ -182,20 +192,22 @@ class DescendantTracker:
                 ]
         if full:
             self.owes_table = False
-        members, stats = self._members(roots, clock, None if table is None else table.stats)
+        members, stats = self._members(
+            roots, root_ticks or {}, clock, None if table is None else table.stats
+        )
         probed = lists = 0
         if table is not None:
             self._last_pid = table.last_pid
             self._marks.clear()  # a root started before this table needs another one
-            self._grow(members, table.stats, check_threads=False)
+            self._grow(members, table.stats, clock, check_threads=False)
             # A Unix session ends with its last member; its id is then free for reuse.
             sids = {stat.session_id for stat in table.stats.values()}
             self._led = {sid: m for sid, m in self._led.items() if sid in sids}
         elif self.children_files:
-            lists, read = self._grow_by_children(members)
+            lists, read = self._grow_by_children(members, clock)
             stats += read
         else:
-            probed = self._grow_by_probe(members, self._probe_from(members, older))
+            probed = self._grow_by_probe(members, self._probe_from(members, older), clock)
         if not self.children_files and self._last_pid is not None:
             self._marks.mark(self._last_pid)  # the children lists keep no counter
         stats += self._exits.sync(members)
@@ -206,9 +218,8 @@ class DescendantTracker:
         )
         found = {}
         for pid, member in sorted(self._known.items()):
-            started_at = round(clock.seconds(member.start_ticks))
-            found[pid, started_at] = Descendant(
-                pid, started_at, member.parent_pid, member.root_pid, member.session_id
+            found[pid, member.started_at] = Descendant(
+                pid, member.started_at, member.parent_pid, member.root_pid, member.session_id
             )
         return found
 
@@ -221,7 +232,11 @@ class DescendantTracker:
     # ------------------------------------------------------------------
 
     def _members(
-        self, roots: Roots, clock: Clock, lookup: Mapping[int, ProcStat] | None
+        self,
+        roots: Roots,
+        root_ticks: RootTicks,
+        clock: Clock,
+        lookup: Mapping[int, ProcStat] | None,
     ) -> tuple[dict[int, Member], int]:
         """The live roots and the known descendants still running; stat files read."""
         members: dict[int, Member] = {}
@@ -255,8 +270,15 @@ class DescendantTracker:
             stat = stat_of(pid)
             if stat is None or not stat.live:
                 continue
-            if abs(clock.seconds(stat.start_ticks) - started_at) <= ROOT_TOLERANCE_S:
-                members[pid] = Member(stat.start_ticks, stat.session_id, session_id, pid, 0)
+            ticks = root_ticks.get(pid)
+            if (
+                stat.start_ticks == ticks
+                if ticks is not None
+                else abs(clock.seconds(stat.start_ticks) - started_at) <= ROOT_TOLERANCE_S
+            ):
+                members[pid] = Member(
+                    stat.start_ticks, stat.session_id, session_id, pid, 0, started_at
+                )
         for pid, known in self._known.items():
             if pid in members or pid in exited:
                 continue  # a root itself now (listed once, as the closest attribution), or gone
@@ -277,7 +299,7 @@ class DescendantTracker:
             return self._last_pid
         return since
 
-    def _grow_by_probe(self, members: dict[int, Member], since: int) -> int:
+    def _grow_by_probe(self, members: dict[int, Member], since: int, clock: Clock) -> int:
         """Add what descends from ``members`` among the pids handed out after ``since``
         (the last look's counter, or an older mark's)."""
         counter = last_pid()
@@ -292,11 +314,16 @@ class DescendantTracker:
                 candidates[pid] = stat
         self._marks.handed_out(self._span(self._last_pid, counter))
         self._last_pid = counter
-        self._grow(members, candidates, check_threads=True)
+        self._grow(members, candidates, clock, check_threads=True)
         return probed
 
     def _grow(
-        self, members: dict[int, Member], stats: Mapping[int, ProcStat], *, check_threads: bool
+        self,
+        members: dict[int, Member],
+        stats: Mapping[int, ProcStat],
+        clock: Clock,
+        *,
+        check_threads: bool,
     ) -> None:
         """Add the processes of ``stats`` that descend from ``members``, transitively: by
         their parent, or by a Unix session that a session process leads or led."""
@@ -322,14 +349,19 @@ class DescendantTracker:
                 if check_threads and _tgid(pid) != pid:
                     continue  # a thread: its stat names its process's parent
                 member = members[pid] = Member(
-                    stat.start_ticks, stat.session_id, via.session_id, via.root_pid, stat.ppid
+                    stat.start_ticks,
+                    stat.session_id,
+                    via.session_id,
+                    via.root_pid,
+                    stat.ppid,
+                    round(clock.seconds(stat.start_ticks)),
                 )
                 pending.append((member, by_parent.get(pid, [])))
                 if stat.session_id == pid:  # it leads a Unix session (setsid): its members are ours
                     self._led[pid] = member
                     pending.append((member, by_sid.get(pid, [])))
 
-    def _grow_by_children(self, members: dict[int, Member]) -> tuple[int, int]:
+    def _grow_by_children(self, members: dict[int, Member], clock: Clock) -> tuple[int, int]:
         """Add children found in the children lists of ``members``, transitively."""
         lists = read = 0
         queue = sorted(members)
@@ -351,6 +383,7 @@ class DescendantTracker:
                     parent.session_id,
                     parent.root_pid,
                     parent_pid,
+                    round(clock.seconds(stat.start_ticks)),
                 )
                 queue.append(child)
         return lists, read

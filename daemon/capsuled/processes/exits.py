@@ -13,10 +13,13 @@ so the answer changes within milliseconds.
 
 The pid-reuse race: the sample says pid P started at S; by the time the
 pidfd is opened, P may have exited and been reused. So after opening, the
-start time is read again from ``/proc/<pid>/stat``; if it is not S (within
-:data:`RECHECK_TOLERANCE_S`, which absorbs the boot-time jitter of the
-epoch conversion), the process we meant is gone: the descriptor is closed
-and ``on_exit`` called. A pid that no longer exists at all is an exit too.
+start is read again from ``/proc/<pid>/stat``; if its start ticks are not
+S's, the process we meant is gone: the descriptor is closed and ``on_exit``
+called. A pid that no longer exists at all is an exit too. The ticks, not
+the wall-clock start time, name the process (docs/design.md §14): a clock
+step between the sample and the re-check, or between two samples of a held
+process, changes nothing here. (Without ticks, off Linux, the start times
+are compared within :data:`RECHECK_TOLERANCE_S`; no pidfd is opened there.)
 
 Fallback to sampling, where exits are noticed only by the next sample:
 
@@ -45,16 +48,12 @@ from typing import Final
 import anyio
 import structlog
 
-from capsule_client.kit.proc import (
-    NOT_LIVE_STATES,
-    boot_time_s,
-    read_stat,
-    start_time_s,
-    ticks_per_s,
-)
+from capsule_client.kit.proc import NOT_LIVE_STATES, read_stat
 from capsule_client.wire import ExitWatchMode
 from capsuled.common.shortage import is_shortage
 from capsuled.common.tasks import TaskHost
+
+from .identity import Clock, Start
 
 __all__ = ["DEFAULT_MAX_PIDFDS", "RECHECK_TOLERANCE_S", "ExitWatch", "pidfds_supported"]
 
@@ -63,7 +62,7 @@ log = structlog.get_logger("capsuled.exits")
 #: Descriptors held at most, unless configured otherwise (``--max-pidfds``).
 DEFAULT_MAX_PIDFDS: Final = 4096
 
-#: The start time read after ``pidfd_open`` must be this close to the sample's.
+#: Without start ticks, the start time read after ``pidfd_open`` must be this close to the sample's.
 RECHECK_TOLERANCE_S: Final = 1.0
 
 
@@ -80,8 +79,8 @@ def pidfds_supported() -> bool:
     return True
 
 
-def _start_time(pid: int) -> float | None:
-    """The start time of ``pid`` (Unix seconds) from ``/proc``; None if it is gone or a zombie.
+def _start_time(pid: int) -> Start | None:
+    """The start of ``pid`` from ``/proc``; None if it is gone or a zombie.
 
     Raises:
         OSError: the daemon is short of descriptors or memory
@@ -89,7 +88,7 @@ def _start_time(pid: int) -> float | None:
     """
     try:
         stat = read_stat(pid)
-        boot_s = boot_time_s()
+        clock = Clock()
     except OSError as exc:
         if is_shortage(exc):
             raise
@@ -98,13 +97,13 @@ def _start_time(pid: int) -> float | None:
         return None
     if stat.state in NOT_LIVE_STATES:
         return None
-    return start_time_s(stat.start_ticks, boot_s, ticks_per_s())
+    return clock.start(stat.start_ticks)
 
 
 @dataclass(eq=False, slots=True)
 class _Watch:
     pid: int
-    started_at_s: float
+    start: Start
     fd: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
@@ -134,10 +133,10 @@ class ExitWatch(TaskHost):
         super().__init__()
         self._table_full = False
         self._warned_short = False  # once per shortage, not at every observation
-        # (pid, start) the re-check found gone; reported once, not again while
-        # samples keep listing it (a start time read differently each time
+        # (pid, start's key) the re-check found gone; reported once, not again
+        # while samples keep listing it (a start read differently each time
         # would otherwise wake discovery in a loop).
-        self._refused: set[tuple[int, float]] = set()
+        self._refused: set[tuple[int, int | float]] = set()
         self.unwatched = 0
 
     @property
@@ -156,11 +155,11 @@ class ExitWatch(TaskHost):
         """Descriptors held now."""
         return len(self._watches)
 
-    def holding(self) -> dict[int, tuple[float, int]]:
-        """pid → (start time, Unix s; its pidfd) of every process watched now: while its
-        pidfd is not readable it runs (a pidfd names one process for good; see
+    def holding(self) -> dict[int, tuple[Start, int]]:
+        """pid → (start; its pidfd) of every process watched now: while its pidfd is
+        not readable it runs (a pidfd names one process for good; see
         :func:`capsuled.processes.sample.still_running`). Empty when exits are sampled."""
-        return {pid: (watch.started_at_s, watch.fd) for pid, watch in self._watches.items()}
+        return {pid: (watch.start, watch.fd) for pid, watch in self._watches.items()}
 
     @property
     def notes(self) -> list[str]:
@@ -184,18 +183,20 @@ class ExitWatch(TaskHost):
         for watch in list(self._watches.values()):
             self._close(watch)
 
-    def track(self, watched: Mapping[int, float]) -> None:
-        """Hold a pidfd for exactly the processes in ``watched`` (pid → start time, Unix s).
+    def track(self, watched: Mapping[int, Start]) -> None:
+        """Hold a pidfd for exactly the processes in ``watched`` (pid → start).
 
         Processes no longer listed are let go; new ones are opened and
-        re-checked; a pid whose start time changed is re-opened.
+        re-checked; a pid that names another process now (other start ticks)
+        is re-opened. A held process whose start time moved with the clock
+        keeps its pidfd.
         """
         if not self._enabled or self._tg is None:
             self.unwatched = len(watched)  # every exit is left to sampling
             return
         for pid, watch in list(self._watches.items()):
             start = watched.get(pid)
-            if start is None or abs(start - watch.started_at_s) > RECHECK_TOLERANCE_S:
+            if start is None or not start.same(watch.start, RECHECK_TOLERANCE_S):
                 self._close(watch)
         self._table_full = False
         unwatched = 0
@@ -204,7 +205,7 @@ class ExitWatch(TaskHost):
         for pid in sorted(watched):
             if pid in self._watches:
                 continue
-            key = (pid, watched[pid])
+            key = (pid, watched[pid].key)
             if key in self._refused:  # reported once already: the sample still says it runs
                 refused.add(key)
                 unwatched += 1
@@ -225,14 +226,14 @@ class ExitWatch(TaskHost):
         if exited:
             self._exited()
 
-    def _open(self, pid: int, started_at_s: float) -> bool | None:
+    def _open(self, pid: int, sampled: Start) -> bool | None:
         """Open and re-check one pidfd; False if the process turned out to be gone,
         None if the daemon is short of descriptors (nothing is known of the process)."""
         assert self._tg is not None
         try:
             fd = os.pidfd_open(pid)
             try:
-                start = _start_time(pid)
+                now = _start_time(pid)
             except OSError:
                 os.close(fd)
                 raise
@@ -245,10 +246,10 @@ class ExitWatch(TaskHost):
                 log.warning("cannot open more pidfds; sampling notices the rest", error=str(exc))
             self._warned_short = self._table_full = True
             return None
-        if start is None or abs(start - started_at_s) > RECHECK_TOLERANCE_S:
+        if now is None or not now.same(sampled, RECHECK_TOLERANCE_S):
             os.close(fd)  # exited, or the pid was reused since the sample
             return False
-        watch = _Watch(pid, started_at_s, fd)
+        watch = _Watch(pid, sampled, fd)
         self._watches[pid] = watch
         self._tg.start_soon(self._wait, watch)
         return True

@@ -1,8 +1,9 @@
 """The session processes during a descendants look, and the pidfds that say which exited
 (docs/design.md §5, descendants).
 
-A :class:`Member` is a session process as a look knows it: its start ticks,
-its Unix session, its session and root, its parent. :class:`ExitPoll` holds
+A :class:`Member` is a session process as a look knows it: its start ticks
+(what names it, docs/design.md §14), the start time it is listed with, its
+Unix session, its session and root, its parent. :class:`ExitPoll` holds
 a pidfd per member, all polled in one ``poll`` call: a held process needs no
 stat read at a look, since its descriptor turns readable when it exits.
 """
@@ -30,6 +31,10 @@ class Member:
     session_id: str
     root_pid: int
     parent_pid: int  # 0 for a root
+    #: The start time it is listed with, Unix seconds: a root's as its receipt or
+    #: row says; a descendant's as read when first seen, kept while it lives (a
+    #: clock step moves no listed process).
+    started_at: int = 0
 
 
 class ExitPoll:

@@ -1,7 +1,8 @@
 """The process table as descendants and terminate read it: stat lines, the pid counter, Tgid.
 
 The stat line is parsed by the project's one parser (``capsule_client.kit.proc``);
-this module adds what descendants and terminate need on top of it: a lookup
+ticks become Unix seconds through :class:`~capsuled.processes.identity.Clock`
+(named here too). This module adds what descendants and terminate need on top of it: a lookup
 that answers None for a gone process (:func:`proc_stat`), a full table with
 the pid counter read before it (:func:`take_table`), and thread detection.
 Linux only: elsewhere every function answers "nothing" (None, empty).
@@ -12,7 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from capsule_client.kit.proc import ProcStat, boot_time_s, read_stat, ticks_per_s
+from capsule_client.kit.proc import ProcStat, read_stat
+
+from .identity import Clock
 
 __all__ = [
     "Clock",
@@ -24,22 +27,6 @@ __all__ = [
     "take_table",
     "thread_group_id",
 ]
-
-
-class Clock:
-    """Converts start ticks to Unix seconds (boot time + ticks / ``SC_CLK_TCK``).
-
-    Read once per look: ``btime`` may move by a second between two reads
-    (docs/design.md §3 liveness tolerances).
-    """
-
-    def __init__(self) -> None:
-        self.boot_time_s = boot_time_s()
-        self.ticks_per_s = ticks_per_s()
-
-    def seconds(self, start_ticks: int) -> float:
-        """The start time in Unix seconds."""
-        return self.boot_time_s + start_ticks / self.ticks_per_s
 
 
 def proc_stat(pid: int) -> ProcStat | None:

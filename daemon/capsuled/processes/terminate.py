@@ -3,9 +3,11 @@
 :func:`terminate` takes the processes a fresh observation listed for a
 session and ends them:
 
-1. each is opened as a pidfd (``os.pidfd_open``) and its start time read
+1. each is opened as a pidfd (``os.pidfd_open``) and its start read
    again; a process that has exited, is a zombie, or whose pid now names a
-   process that started at another time is ``gone`` and gets nothing. From
+   process that started at another time (other start ticks, the observation's
+   sample's: a clock step changes nothing, docs/design.md §14) is ``gone``
+   and gets nothing. From
    then on every signal goes through the pidfd
    (``signal.pidfd_send_signal``), so a pid reused after the check is never
    signalled. Where no pidfd can be had (no ``pidfd_open``, a kernel before
@@ -76,8 +78,8 @@ SIGNALS: Final[dict[TerminateSignal, signal.Signals]] = {
     "KILL": signal.SIGKILL,
 }
 
-#: The start time read before signalling must be this close to the observed one
-#: (boot-time jitter of the epoch conversion, as in ``capsuled.processes.exits``).
+#: Without start ticks, the start time read before signalling must be this close to the
+#: observed one (boot-time jitter of the epoch conversion, as in ``capsuled.processes.exits``).
 START_TOLERANCE_S: Final = 1.0
 #: Seconds between two questions for new descendants during the grace.
 DISCOVER_INTERVAL_S: Final = 0.1
@@ -96,11 +98,14 @@ class Target:
         started_at: its start time as listed, Unix seconds (echoed in the report).
         kind: as listed (``provider_client``, ``exec``, ``process``, ``descendant``).
         start_s: the start time the observation's sample read, Unix seconds;
-            None: ``started_at``. Compared within :data:`START_TOLERANCE_S`.
+            None: ``started_at``. Compared within :data:`START_TOLERANCE_S`
+            where ``start_ticks`` is None.
         parent_pid: a descendant's parent, as listed (echoed in the report).
         root_pid: a descendant's root, as listed (echoed in the report).
         command: its argv, read before its first signal, when asked
             (``commands: true``; echoed in the report).
+        start_ticks: the start ticks the observation's sample read: when
+            given, the process is the one whose stat has exactly these.
     """
 
     pid: int
@@ -110,6 +115,7 @@ class Target:
     parent_pid: int | UnsetType = UNSET
     root_pid: int | UnsetType = UNSET
     command: list[str] | UnsetType | None = UNSET
+    start_ticks: int | None = None
 
 
 #: Asked during the grace: the session's processes now (new ones are signalled too).
@@ -198,6 +204,8 @@ class _Run:
             return False
         if not stat.live:
             return False
+        if target.start_ticks is not None:
+            return stat.start_ticks == target.start_ticks
         expected = target.started_at if target.start_s is None else target.start_s
         return abs(self.clock.seconds(stat.start_ticks) - expected) <= START_TOLERANCE_S
 

@@ -88,11 +88,13 @@ class Candidate(msgspec.Struct, gc=False):
 
     The decoded receipt is not kept: ``process`` carries what snapshots list
     (None when the input directory's name is not an input id: then ``gap``
-    says so), ``pid`` and ``start_s`` (the receipt's start time, Unix
-    seconds, unrounded) decide liveness. ``key`` is the input id or exec id
-    asked of the store; ``owner`` the session that owns it (None: nobody)
-    once ownership was asked, :data:`UNASKED` before. ``signature`` is what
-    a later ``stat`` check compares.
+    says so), ``pid``, ``start_s`` (the receipt's start time, Unix
+    seconds, unrounded) and, where the receipt has them, ``boot_id`` and
+    ``start_ticks`` (its exact identity, docs/design.md §14) decide
+    liveness. ``key`` is the input id or exec id asked of the store;
+    ``owner`` the session that owns it (None: nobody) once ownership was
+    asked, :data:`UNASKED` before. ``signature`` is what a later ``stat``
+    check compares.
 
     Untracked by the garbage collector (``gc=False``): it refers to nothing
     that could refer back to it.
@@ -106,6 +108,8 @@ class Candidate(msgspec.Struct, gc=False):
     key: str
     gap: str | None
     owner: str | None = UNASKED
+    boot_id: str | None = None
+    start_ticks: int | None = None
 
     def same(self, other: Candidate) -> bool:
         """Whether ``other`` says what this one says (a re-read of an unchanged receipt)."""
@@ -113,17 +117,27 @@ class Candidate(msgspec.Struct, gc=False):
             self.kind is other.kind
             and self.pid == other.pid
             and self.start_s == other.start_s
+            and self.start_ticks == other.start_ticks
+            and self.boot_id == other.boot_id
             and self.key == other.key
             and self.gap == other.gap
             and self.process == other.process
         )
 
     def live(self, sample: ProcessSample) -> bool:
-        """Liveness against one sample (docs/design.md §3 "Liveness")."""
+        """Liveness against one sample (docs/design.md §3 "Liveness", §14): exact by
+        (boot id, start ticks) where the receipt has them, else within its tolerance."""
         tolerance_s = (
             EXEC_RECEIPT_TOLERANCE_S if self.kind is Kind.EXEC else PROVIDER_CLIENT_TOLERANCE_S
         )
-        return matches_start(sample, self.pid, self.start_s, tolerance_s)
+        return matches_start(
+            sample,
+            self.pid,
+            self.start_s,
+            tolerance_s,
+            boot_id=self.boot_id,
+            start_ticks=self.start_ticks,
+        )
 
 
 class Numbers:
@@ -182,6 +196,9 @@ def make_candidate(
 ) -> Candidate:
     """The candidate of a parsed receipt; ``relative`` (its path under the home) is its receipt."""
     pid = numbers.int(receipt.pid)
+    # Thousands of receipts name one boot: one string for it.
+    boot_id = None if receipt.boot_id is None else sys.intern(receipt.boot_id)
+    start_ticks = None if receipt.start_ticks is None else numbers.int(receipt.start_ticks)
     if isinstance(receipt, ExecReceipt):
         started_at = numbers.int(receipt.started_at)
         process = SessionProcess(
@@ -194,7 +211,17 @@ def make_candidate(
             else sys.intern(receipt.command),
             receipt=wire_text(relative),
         )
-        return Candidate(kind, pid, started_at, signature, process, receipt.exec_id, None)
+        return Candidate(
+            kind,
+            pid,
+            started_at,
+            signature,
+            process,
+            receipt.exec_id,
+            None,
+            boot_id=boot_id,
+            start_ticks=start_ticks,
+        )
     start_s = numbers.float(receipt.started_at_s)
     input_id = sys.intern(relative.split(os.sep)[2])  # shared by the input's clients
     if not is_valid_input_id(input_id):
@@ -202,7 +229,17 @@ def make_candidate(
             f"{input_dir}: {input_id!r} is not an input id"
             " (inp_ followed by 1-128 of [A-Za-z0-9_-])"
         )
-        return Candidate(kind, pid, start_s, signature, None, input_id, gap)
+        return Candidate(
+            kind,
+            pid,
+            start_s,
+            signature,
+            None,
+            input_id,
+            gap,
+            boot_id=boot_id,
+            start_ticks=start_ticks,
+        )
     process = SessionProcess(
         kind="provider_client",
         pid=pid,
@@ -211,7 +248,17 @@ def make_candidate(
         provider=msgspec.UNSET if receipt.provider is None else sys.intern(receipt.provider),
         receipt=wire_text(relative),
     )
-    return Candidate(kind, pid, start_s, signature, process, input_id, None)
+    return Candidate(
+        kind,
+        pid,
+        start_s,
+        signature,
+        process,
+        input_id,
+        None,
+        boot_id=boot_id,
+        start_ticks=start_ticks,
+    )
 
 
 class Candidates:

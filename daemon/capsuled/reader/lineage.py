@@ -2,8 +2,10 @@
 
 :class:`Lineage` holds the home's :class:`~capsuled.processes.descendants.DescendantTracker`.
 An observation gives it the roots (the owned live receipts' processes and
-the store's (pid, start) rows that matched the sample) and the sample's full
-process table (:func:`~capsuled.processes.sample.sample_with_table`: the same
+the store's (pid, start) rows that matched the sample), the start ticks the
+sample read for them (what names each root from look to look, whatever the
+clock does: docs/design.md §14) and the sample's full process table
+(:func:`~capsuled.processes.sample.sample_with_table`: the same
 ``/proc`` pass, no second read of every stat); the projection lists what it
 returns. An observation that neither walks nor verifies has no table (its
 sample is partial): the tracker then looks by its cheap strategies, and a
@@ -30,11 +32,11 @@ import threading
 from collections.abc import Mapping
 
 from capsuled.processes.descendants import Descendant, DescendantTracker
-from capsuled.processes.sample import ProcessSample, matches_start
+from capsuled.processes.sample import ProcessSample
 from capsuled.processes.table import ProcessTable, take_table
 
 from .candidates import Candidates
-from .ownership import Owners
+from .ownership import Owners, row_matches
 
 __all__ = ["Lineage", "roots_of"]
 
@@ -52,9 +54,9 @@ def roots_of(
     """
     roots = candidates.owned_processes()  # kept as owners move: O(the processes), not receipts
     for pid, rows in owners.rows.items():
-        for started_at, session_id in rows:
-            if matches_start(sample, pid, started_at, tolerance_s):
-                roots.setdefault((pid, started_at), session_id)
+        for row in rows:
+            if row_matches(sample, pid, row, tolerance_s):
+                roots.setdefault((pid, row.started_at), row.session_id)
     return roots
 
 
@@ -69,6 +71,7 @@ class Lineage:
         self._tracker = DescendantTracker(children_files=False) if tracker is None else tracker
         self._lock = threading.Lock()
         self._roots: dict[tuple[int, int], str] = {}
+        self._root_ticks: dict[int, int] = {}
         self._found: Found = {}
 
     @property
@@ -86,15 +89,27 @@ class Lineage:
         """The descendants of the latest observation."""
         return self._found
 
-    def observe(self, roots: dict[tuple[int, int], str], table: ProcessTable | None) -> Found:
+    def observe(
+        self,
+        roots: dict[tuple[int, int], str],
+        table: ProcessTable | None,
+        sample: ProcessSample,
+    ) -> Found:
         """The descendants now, for an observation (with its full table where it has one).
 
+        ``sample`` is the observation's: the roots' start ticks are taken from
+        it, and name them at this look and the looks until the next observation.
         Blocking (reads ``/proc`` without a table); run it in a worker thread.
         """
         with self._lock:
             self._roots = roots
+            self._root_ticks = {}
+            for pid, _ in roots:
+                start = sample.get(pid)
+                if start is not None and start.ticks is not None:
+                    self._root_ticks[pid] = start.ticks
             if roots or self._found:
-                self._found = self._tracker.look(roots, table)
+                self._found = self._tracker.look(roots, table, self._root_ticks)
             # else no session has a process: nothing to index the table for
             return self._found
 
@@ -108,16 +123,17 @@ class Lineage:
             if not self.active:
                 return False
             table = take_table() if self._tracker.owes_table else None
-            found = self._tracker.look(self._roots, table)
-            # By pid: a start time in whole seconds may round the other way
-            # when the boot time read moves by a second (docs/design.md §3).
-            return {pid for pid, _ in found} != {pid for pid, _ in self._found}
+            found = self._tracker.look(self._roots, table, self._root_ticks)
+            # A descendant keeps the start time it was first listed with, so the
+            # keys name the same processes whatever the clock did since.
+            return found.keys() != self._found.keys()
 
     def forget(self) -> None:
         """Drop every descendant and root (the reader's cache is being rebuilt)."""
         with self._lock:
             self._tracker.forget()
             self._roots = {}
+            self._root_ticks = {}
             self._found = {}
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ from capsuled.home.layout import Action, action
 from capsuled.processes.sample import (
     PartialSample,
     ProcessSample,
+    Start,
     partial_samples,
     sample_with_table,
     still_running,
@@ -70,7 +71,7 @@ class Observation:
         home_replaced: the home was replaced or removed since the reader
             started; the caller should make a fresh reader for the path
             (passing this reader's ``generations``), log a warning and count it.
-        watched: pid → start time (Unix seconds, from the sample) of every
+        watched: pid → start (from the sample) of every
             live process the answer rests on: live candidates' pids, the
             store's processes that matched the sample, live servers, the
             sessions' descendants. Its
@@ -88,7 +89,7 @@ class Observation:
 
     snapshot: ActiveSessionsSnapshot
     home_replaced: bool = False
-    watched: Mapping[int, float] | None = None
+    watched: Mapping[int, Start] | None = None
     verified: Verified | None = None
     shortage: bool = False
     store_writing: bool = False
@@ -111,7 +112,7 @@ class ActiveSessionReader:
         lineage: the sessions' descendants; a new one when omitted.
 
     Attributes:
-        held: pid → (start time, Unix s; pidfd) of the processes the daemon's
+        held: pid → (start; pidfd) of the processes the daemon's
             exit watch holds; set before each observation. An observation that
             neither walks nor verifies polls their pidfds once and reads no
             stat for those that have not exited.
@@ -164,7 +165,7 @@ class ActiveSessionReader:
         self.ownership = OwnershipReader(store_path(self.home)) if ownership is None else ownership
         self.generations = Generations() if generations is None else generations
         self.trust_watcher = trust_watcher
-        self.held: Mapping[int, tuple[float, int]] = {}
+        self.held: Mapping[int, tuple[Start, int]] = {}
         self._cancel = threading.Event() if cancel is None else cancel
         self._candidates = Candidates()
         self._errors = Errors()
@@ -224,7 +225,7 @@ class ActiveSessionReader:
             cost=cost,
         )
         home_replaced = False
-        watched: dict[int, float] | None = None
+        watched: dict[int, Start] | None = None
         verified: Verified | None = None
         shortage = False
         self._store_writing = False
@@ -264,14 +265,14 @@ class ActiveSessionReader:
 
     def _observe_into(
         self, snapshot: ActiveSessionsSnapshot, verify_barrier_ns: int | None
-    ) -> tuple[dict[int, float], Verified | None]:
+    ) -> tuple[dict[int, Start], Verified | None]:
         """Steps 1-4 into ``snapshot``; returns the live pids the answer rests on and
         what a verification found."""
         version, verified = self._collect(verify_barrier_ns)
         sample = self._receipts.sample
         self._owners.refresh(self.ownership, version, self._candidates)
         roots = roots_of(self._candidates, self._owners, sample, PROCESS_TOLERANCE_S)
-        descendants = self.lineage.observe(roots, self._table)
+        descendants = self.lineage.observe(roots, self._table, sample)
         answer = self._projection.project(
             Inputs(
                 candidates=self._candidates,
@@ -296,8 +297,8 @@ class ActiveSessionReader:
             snapshot.gaps = [*answer.gaps, GAP_MOVED if moved else GAP_CATCHING_UP]
         return watched, verified
 
-    def _watched(self, answer: Answer) -> dict[int, float]:
-        """pid → sampled start time of every live process the answer rests on.
+    def _watched(self, answer: Answer) -> dict[int, Start]:
+        """pid → sampled start of every live process the answer rests on.
 
         The candidates' pids (from the pid index), the store's processes that
         matched the sample, the live servers: O(processes), not O(receipts).

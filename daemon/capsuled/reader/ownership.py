@@ -13,18 +13,34 @@ from __future__ import annotations
 import sys
 
 from capsuled.home.layout import Kind
+from capsuled.processes.sample import ProcessSample, matches_start
 
 from .candidates import UNASKED, Candidates
-from .store import Ownership, OwnershipReader, StoreVersion
+from .store import Ownership, OwnershipReader, ProcessRow, StoreVersion
 
-__all__ = ["Owners"]
+__all__ = ["Owners", "row_matches"]
+
+
+def row_matches(sample: ProcessSample, pid: int, row: ProcessRow, tolerance_s: float) -> bool:
+    """Whether the process row ``row`` of ``pid`` names a process running in ``sample``:
+    by its exact identity where it has one, else its start within ``tolerance_s``
+    (docs/design.md §5 "Projection", §14)."""
+    return matches_start(
+        sample,
+        pid,
+        row.started_at,
+        tolerance_s,
+        boot_id=row.boot_id,
+        start_ticks=row.start_ticks,
+    )
 
 
 class Owners:
     """The store's answers the latest projection rests on.
 
     Attributes:
-        rows: pid → ``(started_at, session_id)``: every process row of the store.
+        rows: pid → its :class:`~capsuled.reader.store.ProcessRow` list: every
+            process row of the store.
         contexts: session id → context id of every session named.
         gaps: what the store's answer could not cover (a missing store).
         contexts_revision: grows when ``contexts`` was replaced by a different one.
@@ -32,7 +48,7 @@ class Owners:
     """
 
     def __init__(self) -> None:
-        self.rows: dict[int, list[tuple[int, str]]] = {}
+        self.rows: dict[int, list[ProcessRow]] = {}
         self.contexts: dict[str, str | None] = {}
         self.gaps: tuple[str, ...] = ()
         self.contexts_revision = 0

@@ -26,7 +26,8 @@ from capsuled.processes.sample import ProcessSample, matches_start
 
 from .candidates import UNASKED, Candidates
 from .errors import Errors
-from .ownership import Owners
+from .ownership import Owners, row_matches
+from .store import ProcessRow
 
 __all__ = ["PROCESS_TOLERANCE_S", "Answer", "Inputs", "Projection"]
 
@@ -41,9 +42,8 @@ class Inputs:
     Attributes:
         candidates: the live receipts with their owners (and the moves since
             the last projection).
-        owners: the store's rows (pid → ``(started_at, session_id)``),
-            contexts and gaps.
-        sample: pid → start time (Unix seconds) of every process now.
+        owners: the store's rows (pid → its rows), contexts and gaps.
+        sample: pid → start of every process now.
         servers: the servers registry's entries, live or not.
         errors: the paths that could not be read.
         home_gap: the gap of a missing home, None while it exists.
@@ -225,15 +225,15 @@ class Projection:
 
 
 def _owned_processes(
-    rows: dict[int, list[tuple[int, str]]], sample: ProcessSample
+    rows: dict[int, list[ProcessRow]], sample: ProcessSample
 ) -> dict[str, list[SessionProcess]]:
-    """session id → the sampled processes it owns by (pid, start time) rows."""
+    """session id → the sampled processes it owns by (pid, start) rows."""
     owned: dict[str, list[SessionProcess]] = {}
     for pid, pid_rows in rows.items():
-        for started_at, session_id in pid_rows:
-            if matches_start(sample, pid, started_at, PROCESS_TOLERANCE_S):
-                owned.setdefault(session_id, []).append(
-                    SessionProcess(kind="process", pid=pid, started_at=started_at)
+        for row in pid_rows:
+            if row_matches(sample, pid, row, PROCESS_TOLERANCE_S):
+                owned.setdefault(row.session_id, []).append(
+                    SessionProcess(kind="process", pid=pid, started_at=row.started_at)
                 )
     return owned
 

@@ -12,6 +12,14 @@ question reads the keys asked, and the reader (``capsuled.reader.ownership``)
 asks only what it was not asked before while the version stays the same, so
 an observation in which nothing was written costs two pragmas.
 
+The store's versions: ``user_version`` 1 (process rows without an identity)
+and 2 (``session_processes`` with ``boot_id`` and ``start_ticks``, written by
+the kit since docs/design.md §14) are both read, a row of version 1 as one
+without its identity. Any other version is refused with the reason and the
+fix: a later one was written by a newer writer kit (upgrade capsuled), and
+nothing is read of it, since a later schema may mean something this daemon
+would misread.
+
 A persistent connection matters for a second reason: opening and closing a
 WAL database, even read-only, modifies its ``-wal`` and ``-shm`` files, and
 the watcher reports writes to the store (``ChangeFeed.store_changed``): a
@@ -34,14 +42,25 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
+from capsule_client.kit.proc import is_boot_id
 from capsule_client.kit.store import USER_VERSION
 from capsuled.common.shortage import descriptors_short, is_shortage, shortage_gap
 
 from .writer_probe import WriterProbe
 
-__all__ = ["Ownership", "OwnershipReader", "StoreUnavailable", "StoreVersion"]
+__all__ = [
+    "READ_VERSIONS",
+    "Ownership",
+    "OwnershipReader",
+    "ProcessRow",
+    "StoreUnavailable",
+    "StoreVersion",
+]
+
+#: The ``user_version`` values this daemon reads (docs/design.md §4).
+READ_VERSIONS: Final = range(1, USER_VERSION + 1)
 
 #: The files SQLite opens by path for a store: the database, its WAL, its
 #: shared-memory index, its rollback journal.
@@ -87,6 +106,22 @@ def _unavailable(message: str, exc: BaseException) -> StoreUnavailable:
     return StoreUnavailable(message)
 
 
+class ProcessRow(NamedTuple):
+    """One ``session_processes`` row of a pid: who owns which process started when.
+
+    ``boot_id`` and ``start_ticks`` are the process's exact identity (docs/design.md
+    §14): both, or None for a row written without them (version 1, another
+    platform) or with a pair that names no process (one of them NULL, a boot id
+    not written as the kernel writes one, ticks that are not a whole number),
+    which is then judged by ``started_at`` alone.
+    """
+
+    started_at: int
+    session_id: str
+    boot_id: str | None = None
+    start_ticks: int | None = None
+
+
 @dataclass(frozen=True)
 class Ownership:
     """Who owns the keys asked for (docs/design.md §4 ``session_process_ownership``).
@@ -94,17 +129,31 @@ class Ownership:
     Attributes:
         inputs: input id → session id.
         execs: exec id → session id.
-        processes: pid → ``(started_at, session_id)`` rows, sorted; a pid may
-            have several rows when it was reused.
+        processes: pid → its :class:`ProcessRow` list, sorted by start; a pid
+            may have several rows when it was reused.
         contexts: session id → context id, for every session named above.
         gaps: what the answer could not cover (a missing store).
     """
 
     inputs: dict[str, str] = field(default_factory=dict)
     execs: dict[str, str] = field(default_factory=dict)
-    processes: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    processes: dict[int, list[ProcessRow]] = field(default_factory=dict)
     contexts: dict[str, str | None] = field(default_factory=dict)
     gaps: tuple[str, ...] = ()
+
+
+def _version_refused(path: Path, version: int) -> str:
+    """Why a store of ``version`` is not read, and what to do about it."""
+    known = f"this capsuled reads user_version {READ_VERSIONS[0]} to {READ_VERSIONS[-1]}"
+    if version > READ_VERSIONS[-1]:
+        return (
+            f"ownership store {path} has user_version {version}, newer than {known}:"
+            " a newer capsule writer kit wrote it; upgrade capsuled (the store is left as it is)"
+        )
+    return (
+        f"ownership store {path} has user_version {version}, which no capsule writer kit"
+        f" writes ({known}): it is not an ownership store; move it aside"
+    )
 
 
 def _chunks(items: Sequence[_T]) -> Iterator[Sequence[_T]]:
@@ -266,18 +315,17 @@ class OwnershipReader:
             return Ownership(
                 gaps=(f"ownership store {self.path} has no schema yet; nobody owns anything",)
             )
-        if version != USER_VERSION:
-            raise StoreUnavailable(
-                f"ownership store {self.path} has user_version {version}, expected {USER_VERSION}"
-            )
+        if version not in READ_VERSIONS:
+            raise StoreUnavailable(_version_refused(self.path, version))
         if not (inputs or execs or pids or pids is None):
             return Ownership()
         self.queries += 1
         owned_inputs = dict(self._select(db, "session_inputs", "input_id", inputs))
         owned_execs = dict(self._select(db, "session_execs", "exec_id", execs))
-        processes: dict[int, list[tuple[int, str]]] = {}
-        query = "SELECT pid, started_at, session_id FROM session_processes"
-        rows: Iterable[tuple[int, int, str]]
+        processes: dict[int, list[ProcessRow]] = {}
+        identity = "boot_id, start_ticks" if version >= 2 else "NULL, NULL"
+        query = f"SELECT pid, started_at, session_id, {identity} FROM session_processes"
+        rows: Iterable[tuple[int, int, str, object, object]]
         if pids is None:
             rows = db.execute(f"{query} ORDER BY pid, started_at")
         else:
@@ -290,11 +338,14 @@ class OwnershipReader:
                     pid_chunk,
                 )
             )
-        for pid, started_at, session_id in rows:
-            processes.setdefault(pid, []).append((started_at, session_id))
+        for pid, started_at, session_id, boot_id, start_ticks in rows:
+            row = ProcessRow(started_at, session_id)
+            if isinstance(boot_id, str) and isinstance(start_ticks, int) and is_boot_id(boot_id):
+                row = ProcessRow(started_at, session_id, boot_id, start_ticks)
+            processes.setdefault(pid, []).append(row)
         sessions = sorted(
             {*owned_inputs.values(), *owned_execs.values()}
-            | {session for rows in processes.values() for _, session in rows}
+            | {row.session_id for rows in processes.values() for row in rows}
         )
         contexts: dict[str, str | None] = {}
         for chunk in _chunks(sessions):
