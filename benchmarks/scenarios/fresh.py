@@ -40,7 +40,7 @@ from benchmarks.inotify_tree import InotifyTree
 from benchmarks.rawclient import RawClient, request_line
 from benchmarks.scenarios.snapshot import wait_for_answer
 from benchmarks.stats import fmt_s, summarize
-from benchmarks.watchman import Watchman, WatchmanUnavailable
+from benchmarks.watchman import Watchman, WatchmanUnavailable, query_since_line
 
 __all__ = ["run"]
 
@@ -48,7 +48,6 @@ TARGET_S = 0.005
 LIVE = 100
 _FRESH = request_line("sessions.snapshot", {"max_age_ms": 0, "timeout_ms": 5000})
 _READY = b'"discovery":"ready"'
-_encode = msgspec.json.Encoder().encode
 
 
 @dataclass
@@ -86,25 +85,14 @@ class _WatchmanAsk:
 
     def __init__(self, server: Watchman, home: Path) -> None:
         self.server = server
-        self.root = str(home)
+        self.root = home
         self.clock = server.watch(home)
         self.name = f"watchman {server.version} `query` with `sync_timeout`"
 
     def __call__(self, trial: int) -> tuple[float, str | None]:
-        line = _encode(
-            [
-                "query",
-                self.root,
-                {
-                    "since": self.clock,
-                    "expression": ["suffix", "json"],
-                    "fields": ["name", "exists"],
-                    "sync_timeout": 5000,
-                },
-            ]
-        )
+        line = query_since_line(self.root, self.clock, sync_timeout_ms=5000)
         started = time.perf_counter()
-        reply = self.server.request(line + b"\n")
+        reply = self.server.request(line)
         elapsed_s = time.perf_counter() - started
         answer: dict[str, Any] = msgspec.json.decode(reply)
         if "error" in answer:
@@ -118,7 +106,7 @@ class _WatchmanAsk:
         return elapsed_s, None
 
     def close(self) -> None:
-        self.server.unwatch(Path(self.root))
+        self.server.unwatch(self.root)
 
 
 class _InotifyAsk:
