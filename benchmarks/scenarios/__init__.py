@@ -149,7 +149,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         baseline="watchman's `query` with `sync_timeout` (its cookie), on the same home",
         targets=(
             "max_age_ms: 0 after a write: 0 misses in 1,000 write-then-ask trials",
-            "max_age_ms: 0 latency at 10k receipts: p99 <= 5 ms",
+            "max_age_ms: 0 latency at 10k receipts: p50 <= 5 ms, p99 <= 15 ms",
         ),
         run=fresh.run,
     ),
