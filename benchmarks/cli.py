@@ -28,7 +28,7 @@ from benchmarks.harness import (
 )
 from benchmarks.machine import describe_machine
 from benchmarks.report import render_json, render_markdown, render_table, splice_markdown
-from benchmarks.scenarios import SCENARIOS, by_number
+from benchmarks.scenarios import JUDGING, SCENARIOS, by_number
 
 __all__ = ["main"]
 
@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         _print_result(result)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(render_markdown(results, machine, quick=args.quick), encoding="utf-8")
+        output.write_text(
+            render_markdown(results, machine, quick=args.quick, judging=JUDGING), encoding="utf-8"
+        )
         print(f"\nwrote {output}")
     if args.update is not None:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

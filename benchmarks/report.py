@@ -65,9 +65,16 @@ def _section(result: Result) -> list[str]:
 
 
 def render_markdown(
-    results: Sequence[Result], machine: Sequence[tuple[str, str]], *, quick: bool
+    results: Sequence[Result],
+    machine: Sequence[tuple[str, str]],
+    *,
+    quick: bool,
+    judging: Sequence[str] = (),
 ) -> str:
-    """The whole report: how to run, the machine, every target, every scenario."""
+    """The whole report: how to run, the machine, every target, every scenario.
+
+    ``judging`` is said above the targets table, one item each: how targets are judged.
+    """
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     mode = "quick (small sizes: a smoke run, not numbers to steer by)" if quick else "full"
     lines = [
@@ -89,6 +96,7 @@ def render_markdown(
         "",
         "## Targets",
         "",
+        *([*(f"- {item}" for item in judging), ""] if judging else []),
         render_table(_targets_table(results)),
         "",
     ]

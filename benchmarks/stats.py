@@ -12,8 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "LatencyTarget",
     "Summary",
     "complete_p99",
+    "complete_summary",
     "fmt_bytes",
     "fmt_count",
     "fmt_ratio",
@@ -57,6 +59,25 @@ class Summary:
     min_s: float
     max_s: float
     mean_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyTarget:
+    """A latency target: p50 at most ``p50_s``, with a guard of p99 at most ``p99_s``.
+
+    Both must hold for the target to be met.
+    """
+
+    p50_s: float
+    p99_s: float
+
+    def text(self) -> str:
+        """``p50 <= 5 ms, p99 <= 15 ms``."""
+        return f"p50 <= {fmt_s(self.p50_s)}, p99 <= {fmt_s(self.p99_s)}"
+
+    def met(self, summary: Summary) -> bool:
+        """Whether ``summary``'s p50 and p99 are both within the target."""
+        return summary.p50_s <= self.p50_s and summary.p99_s <= self.p99_s
 
 
 def summarize(samples_s: Sequence[float]) -> Summary:
@@ -130,6 +151,12 @@ def latency_cell(samples: Sequence[float], trials: int, deadline_s: float) -> st
     return text + (f"; {late} not within {deadline_s:.0f} s" if late else "")
 
 
+def complete_summary(samples: Sequence[float], trials: int) -> Summary | None:
+    """The summary when every one of ``trials`` gave a sample; None if any did not."""
+    return summarize(samples) if samples and len(samples) == trials else None
+
+
 def complete_p99(samples: Sequence[float], trials: int) -> float | None:
     """The p99 when every one of ``trials`` gave a sample; None if any did not."""
-    return summarize(samples).p99_s if len(samples) == trials else None
+    summary = complete_summary(samples, trials)
+    return None if summary is None else summary.p99_s

@@ -25,7 +25,7 @@ import msgspec
 
 from benchmarks.rawclient import RawClient
 
-__all__ = ["Watchman", "WatchmanUnavailable", "install_watchman"]
+__all__ = ["Watchman", "WatchmanUnavailable", "install_watchman", "query_since_line"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
@@ -67,6 +67,27 @@ def install_watchman(*, allowed: bool, log: Any) -> str:
     if found is None:
         raise WatchmanUnavailable("apt-get installed watchman, but it is not on PATH")
     return found
+
+
+def query_since_line(root: Path, clock: str, *, sync_timeout_ms: int) -> bytes:
+    """A ``query`` of the ``*.json`` files changed under ``root`` since ``clock``, as a line.
+
+    Args:
+        root: the watched root.
+        clock: the clock of the previous answer (or of ``clock`` / ``watch``).
+        sync_timeout_ms: 0 answers from what watchman has seen so far; more
+            has watchman create a cookie file in the root and wait (up to
+            that long) for its event first, so the answer includes every
+            change made before the query was sent. (Omitted, it defaults
+            to 60 s: a cookie.)
+    """
+    query = {
+        "since": clock,
+        "expression": ["suffix", "json"],
+        "fields": ["name", "exists"],
+        "sync_timeout": sync_timeout_ms,
+    }
+    return _encode(["query", str(root), query]) + b"\n"
 
 
 class Watchman:

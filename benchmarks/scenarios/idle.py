@@ -1,9 +1,9 @@
 """Scenario 9: what an idle daemon costs, in CPU and wake-ups, against watchman on the same home.
 
-For each home (empty; 100 live receipts among 10k stale; 10k live; 100
-live among 100k stale) watchman is told to watch it (and waits for its
-crawl), then a daemon with its default flags starts on it. Once the daemon's
-answer is ready and a few seconds have passed, nothing happens for one
+For each home (empty; 100 live receipts; 100 live among 10k stale; 10k
+live; 100 live among 100k stale) watchman is told to watch it (and waits
+for its crawl), then a daemon with its default flags starts on it. Once the
+daemon's answer is ready and a few seconds have passed, nothing happens for one
 window while both are measured side by side from ``/proc``
 (:mod:`benchmarks.procstat`): CPU from ``/proc/<pid>/stat`` (``utime +
 stime``, clock ticks) and the threads' ``schedstat`` run time, wake-ups as
@@ -17,6 +17,10 @@ so each window holds one verification run, whatever its phase: the idle
 figure includes the net under the watch. Where watchman cannot be had, a
 bare inotify watch of every directory of the home (a process that does
 nothing but block in ``read``) stands in for it, and the notes say so.
+
+Idle with live session processes is judged on the homes of 100 live
+receipts (alone and among stale ones); the 10k-live home is measured and
+reported, not judged: no home anyone has holds 10k live processes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ WAKEUPS_TARGET_PER_S = 2.0
 #: Homes with live session processes: the descendant looks may add to it.
 LIVE_CPU_TARGET_PERCENT = 0.2
 LIVE_WAKEUPS_TARGET_PER_S = 3.0
+#: The live receipts of the homes the live target is judged on; homes with more are
+#: reported (no home anyone has holds 10k live processes).
+JUDGED_LIVE = 100
 MANY_PROCESSES = 600
 
 
@@ -113,14 +120,18 @@ def _status(daemon: DaemonProcess) -> dict[str, Any]:
 
 
 def _homes(ctx: Context) -> list[tuple[str, int, int]]:
-    """(label, live, stale) of each home measured."""
+    """(label, live, stale) of each home measured.
+
+    A quick run measures one home of each kind, with homes other scenarios have made.
+    """
     if ctx.quick:
-        return [("empty", 0, 0), ("200 stale", 100, 200), ("1k live", 1000, 0)]
+        return [("empty", 0, 0), ("100 live + 200 stale", JUDGED_LIVE, 200), ("1k live", 1000, 0)]
     return [
         ("empty", 0, 0),
-        ("10k stale", 100, 10_000),
+        ("100 live", JUDGED_LIVE, 0),
+        ("100 live + 10k stale", JUDGED_LIVE, 10_000),
         ("10k live", 10_000, 0),
-        ("100k stale", 100, 100_000),
+        ("100 live + 100k stale", JUDGED_LIVE, 100_000),
     ]
 
 
@@ -241,8 +252,8 @@ def run(ctx: Context) -> Outcome:
             WAKEUPS_TARGET_PER_S,
         ),
         (
-            "live session processes",
-            [r for r in rows if r.live],
+            f"{JUDGED_LIVE} live receipts (alone and among stale ones)",
+            [r for r in rows if r.live == JUDGED_LIVE],
             LIVE_CPU_TARGET_PERCENT,
             LIVE_WAKEUPS_TARGET_PER_S,
         ),
@@ -265,6 +276,18 @@ def run(ctx: Context) -> Outcome:
                 all(r.ours.wakeups_per_s <= wake_target for r in kept),
             ),
         ]
+    for label in dict.fromkeys(r.label for r in rows if r.live > JUDGED_LIVE):
+        kept = [r for r in rows if r.label == label]
+        cpu_worst = _worst(kept, lambda r: r.ours.cpu_percent)
+        wake_worst = _worst(kept, lambda r: r.ours.wakeups_per_s)
+        verdicts.append(
+            report(
+                f"idle CPU and wake-ups at {label} receipts: no target",
+                f"highest {cpu_worst.ours.cpu_percent:.3f} % of a core ({cpu_worst.processes} "
+                f"processes), {wake_worst.ours.wakeups_per_s:.2f} wake-ups/s "
+                f"({wake_worst.processes} processes)",
+            )
+        )
     verdicts += [
         report(
             "the baseline watching the same home in the same windows",
@@ -293,8 +316,10 @@ def run(ctx: Context) -> Outcome:
         f"Each window is {window_s:g} s of nothing happening, measured after the daemon's "
         "answer was ready and a pause; the daemon runs with its default flags "
         f"(`--verify-interval` 30 s: a {window_s:g} s window holds about one verification "
-        f"run; exit watch: {exit_watch}). The 'stale' homes hold 100 live receipts among "
-        "that many stale ones.",
+        f"run; exit watch: {exit_watch}).",
+        f"Idle with live session processes is judged on the homes of {JUDGED_LIVE} live "
+        "receipts, alone and among stale ones; the home of more live receipts is measured "
+        "and reported, not judged: no home anyone has holds that many live processes.",
         "CPU, percent of one core: `utime + stime` of `/proc/<pid>/stat` (clock ticks of "
         "10 ms, so one tick in a 30 s window is 0.033 %) / the sum of the threads' "
         "`/proc/<pid>/task/*/schedstat` run times (nanoseconds). Wake-ups: "

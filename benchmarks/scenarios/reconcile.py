@@ -9,7 +9,10 @@ generator left unaccounted. The page cache is warm for both.
 
 Two traces of the same size are reconciled: one shaped like a runtime's
 (long lines) and one heavy with shell events (short lines, 2 % of them
-``shell_detached`` / ``shell_completed``): the scan costs per line.
+``shell_detached`` / ``shell_completed``): the scan costs per line. The
+target (<= 3x grep) is judged on the runtime-shaped trace, what a runtime
+writes; the shell-heavy trace, the scan's worst case, is reported with its
+ratio and no target.
 
 Right after each reconcile, two in-process measurements show where its time
 goes (neither is judged): the bytes reconcile appended to the copy are
@@ -32,7 +35,7 @@ from typing import Any
 import msgspec
 
 from benchmarks.daemon import DaemonProcess
-from benchmarks.harness import Context, Outcome, Table, judge, require_modules
+from benchmarks.harness import Context, Outcome, Table, judge, report, require_modules
 from benchmarks.rawclient import RawClient, request_line
 from benchmarks.stats import fmt_bytes, fmt_ratio, fmt_s
 from benchmarks.traces import generate_trace
@@ -40,6 +43,9 @@ from benchmarks.traces import generate_trace
 __all__ = ["run"]
 
 TARGET_RATIO = 3.0
+#: The trace the target is judged on: what a runtime writes. The shell-heavy trace, the
+#: scan's worst case, is reported with its ratio.
+JUDGED_TRACE = "runtime-shaped"
 PROBE_NAME = "append-probe.bin"
 
 
@@ -74,8 +80,8 @@ def _reconcile(client: RawClient, from_session: str, trial: int) -> tuple[float,
     result = msgspec.json.decode(reply)
     if "error" in result:
         raise RuntimeError(f"session.reconcile failed: {result['error']}")
-    report = result["result"] or {"lost": []}
-    return elapsed_s, [work["work_id"] for work in report["lost"]]
+    answer = result["result"] or {"lost": []}
+    return elapsed_s, [work["work_id"] for work in answer["lost"]]
 
 
 def _append_fsync(trace: Path, appended_from: int) -> tuple[float, int]:
@@ -221,9 +227,14 @@ def run(ctx: Context) -> Outcome:
                     f"-{fmt_s(-rest_s)}" if rest_s < 0 else fmt_s(rest_s),
                 ]
             )
-            verdicts.append(
-                judge(f"<= 3x grep ({name} trace)", fmt_ratio(ratio), ratio <= TARGET_RATIO)
-            )
+            if name == JUDGED_TRACE:
+                verdicts.append(
+                    judge(f"<= 3x grep ({name} trace)", fmt_ratio(ratio), ratio <= TARGET_RATIO)
+                )
+            else:
+                verdicts.append(
+                    report(f"reconcile / grep ({name} trace): no target", fmt_ratio(ratio))
+                )
             per_trial.append(
                 f"{name}: "
                 + "; ".join(
@@ -246,7 +257,9 @@ def run(ctx: Context) -> Outcome:
     notes = [
         "Two generated traces of the same size: runtime-shaped (long lines, every 40th "
         "detaches a shell) and shell-heavy (short lines, 2 % of them `shell_detached` / "
-        "`shell_completed` events): the scan's cost follows the number of lines.",
+        "`shell_completed` events): the scan's cost follows the number of lines. The target "
+        "is judged on the runtime-shaped trace, what a runtime writes; the shell-heavy "
+        "trace, the scan's worst case, is reported with its ratio.",
         f"Median of {trials} trial(s) per trace, each on a fresh copy of the trace. Reconcile "
         "is timed over the socket: the request, the locked scan, one write of the markers, "
         "their fsync, the report.",
