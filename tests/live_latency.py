@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import DaemonProcess, short_tmpdir
+from helpers.daemon import DaemonProcess, short_tmpdir
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.receipts import write_provider_client_receipt

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import FULL, FULL_TIMEOUT_S, record, size
-from support import DaemonProcess, short_tmpdir
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.reliability import FULL, FULL_TIMEOUT_S, record, size
 
 pytestmark = pytest.mark.timeout(FULL_TIMEOUT_S if FULL else 60)
 
@@ -163,7 +163,7 @@ def catalogue_daemon() -> Iterator[DaemonProcess]:
 
 
 def reconcile(daemon: DaemonProcess, from_session: str, this_session: str) -> dict[str, Any]:
-    from reliability_support import exchange
+    from helpers.reliability import exchange
 
     payload = json.dumps(
         {

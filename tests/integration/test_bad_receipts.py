@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DaemonProcess, short_tmpdir, wait_until
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.cli.render.follow import _snapshot_again, _wait_for_daemon

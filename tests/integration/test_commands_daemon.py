@@ -23,8 +23,9 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from sessions_support import DEADLINE_S, Processes
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.processes import DEADLINE_S, Processes
+from helpers.waits import wait_until
 
 from capsule_client import AsyncClient, Client
 from capsule_client.kit.paths import store_path

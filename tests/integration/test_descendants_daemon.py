@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import proc_state
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.processes import proc_state
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.cli.main import main as capsulectl

@@ -21,8 +21,9 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
-from reliability_support import Prefixed, nofile_of, raise_nofile_limit
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.reliability import Prefixed, nofile_of, raise_nofile_limit
+from helpers.waits import wait_until
 
 from capsule_client import AsyncClient, Client, Overloaded
 from capsule_client.kit.paths import store_path

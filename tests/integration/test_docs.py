@@ -3,7 +3,7 @@
 Each document gets a shell of its own in a fresh directory: ``XDG_RUNTIME_DIR``
 unset (as in containers, under ``su`` and over ssh), ``CAPSULE_HOME`` a fresh
 home served by a real daemon, the venv's commands *not* on ``PATH`` until the
-README's ``setup`` block puts them there. The marked blocks (tests/doc_blocks.py
+README's ``setup`` block puts them there. The marked blocks (tests/helpers/doc_blocks.py
 says how blocks are marked) then run in order, each command checked for its
 exit status and the sample outputs for their shape. ``/tmp/`` in a block is
 this test's own directory. A command that starts the daemon in the
@@ -29,7 +29,8 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
-from doc_blocks import (
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.doc_blocks import (
     Block,
     exchange_lines,
     json_mismatch,
@@ -38,7 +39,6 @@ from doc_blocks import (
     match_shape,
     substitute,
 )
-from support import DaemonProcess, short_tmpdir
 
 from benchmarks.scenarios import SCENARIOS
 

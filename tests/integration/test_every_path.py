@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from kept_writer import KeptWriter
-from paths_support import Asking, View, asking
-from reliability_support import FULL
-from sessions_support import Sleepers
-from support import DaemonProcess, short_tmpdir
+from helpers.asking import Asking, View, asking
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.kept_writer import KeptWriter
+from helpers.processes import Sleepers
+from helpers.reliability import FULL
 
 from capsule_client.kit.paths import store_path
 from capsule_client.kit.receipts import (

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_support import FULL, FULL_TIMEOUT_S, Prefixed, record, size
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.reliability import FULL, FULL_TIMEOUT_S, Prefixed, record, size
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import Sleepers, pids
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
+from helpers.processes import Sleepers
+from helpers.world import pids
 
 from capsule_client import Client
 from capsule_client.kit.receipts import (

@@ -22,8 +22,9 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from sessions_support import Sleepers
-from support import ChildOutput, DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.processes import Sleepers
+from helpers.waits import ChildOutput, wait_until
 
 from capsule_client import AsyncClient, Client, Subscription
 from capsule_client.cli.main import main as capsulectl

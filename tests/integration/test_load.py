@@ -21,7 +21,8 @@ from typing import Any
 
 import anyio
 import pytest
-from reliability_support import (
+from helpers.daemon import DaemonProcess, raw_exchange
+from helpers.reliability import (
     FULL,
     FULL_TIMEOUT_S,
     Prefixed,
@@ -31,7 +32,7 @@ from reliability_support import (
     record,
     size,
 )
-from support import DaemonProcess, raw_exchange, wait_until
+from helpers.waits import wait_until
 
 from capsule_client import AsyncClient, Client, Overloaded
 

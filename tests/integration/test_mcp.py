@@ -20,12 +20,13 @@ from typing import Any
 
 import psutil
 import pytest
+from helpers.daemon import DaemonProcess
+from helpers.mcp_sessions import DEV_SERVER, exec_of, own
+from helpers.processes import DEADLINE_S, Processes, proc_state
+from helpers.waits import wait_until
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import CallToolResult, TextContent
-from mcp_support import DEV_SERVER, exec_of, own
-from sessions_support import DEADLINE_S, Processes, proc_state
-from support import DaemonProcess, wait_until
 
 pytestmark = pytest.mark.anyio
 

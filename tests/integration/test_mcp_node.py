@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_support import DEV_SERVER, exec_of, own
-from sessions_support import DEADLINE_S, Processes
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
+from helpers.mcp_sessions import DEV_SERVER, exec_of, own
+from helpers.processes import DEADLINE_S, Processes
 
 NODE_DIR = Path(__file__).parents[1] / "node"
 NODE = shutil.which("node")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from run_support import CAPSULECTL, Leftovers, leftovers, run_env
+from helpers.run import CAPSULECTL, Leftovers, leftovers, run_env
 
 __all__ = ["leftovers"]  # the fixture, imported for the test below
 

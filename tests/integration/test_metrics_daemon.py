@@ -19,13 +19,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.daemon import DaemonProcess, raw_exchange
+from helpers.processes import Sleepers
+from helpers.waits import wait_until
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.samples import Sample
-from sessions_support import Sleepers
-from support import DaemonProcess, raw_exchange, wait_until
 
 from capsule_client import Client
 from capsule_client.cli.main import main as capsulectl

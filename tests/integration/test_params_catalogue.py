@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import rpc_model
-from reliability_support import exchange, served_models
-from support import DaemonProcess, short_tmpdir
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.reliability import exchange, served_models
 
 from capsule_client.wire import METHOD_PARAMS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import raw_replies
+from helpers.daemon import raw_replies
 
 MiB = 1024 * 1024
 PING = b'{"jsonrpc":"2.0","id":1,"method":"ping"}'

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import raw_replies
+from helpers.daemon import raw_replies
 
 DEPTH = 100_000
 DEEP = b"[" * DEPTH + b"]" * DEPTH

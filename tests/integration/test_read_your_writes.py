@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
 
 from capsule_client import Client
 from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt

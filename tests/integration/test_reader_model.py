@@ -69,11 +69,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from helpers.daemon import DaemonProcess
+from helpers.reliability import size
+from helpers.waits import wait_until
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from reliability_support import size
-from support import DaemonProcess, wait_until
 
 from capsule_client import Client
 from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt

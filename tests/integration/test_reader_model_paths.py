@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.asking import Asking, View
+from helpers.kept_writer import KeptWriter
+from helpers.reliability import size
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
-from kept_writer import KeptWriter
-from paths_support import Asking, View
-from reliability_support import size
 from test_reader_model import (
     EXEC_IDS,
     INPUTS,

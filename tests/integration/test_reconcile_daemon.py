@@ -22,7 +22,8 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from support import ChildOutput, DaemonProcess, raw_exchange, wait_until
+from helpers.daemon import DaemonProcess, raw_exchange
+from helpers.waits import ChildOutput, wait_until
 
 from capsule_client import (
     AsyncClient,

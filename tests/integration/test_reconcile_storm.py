@@ -8,7 +8,8 @@ import socket
 import time
 from pathlib import Path
 
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.trace import TraceWriter

@@ -10,16 +10,9 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from run_support import (
-    CAPSULECTL,
-    Leftovers,
-    launch,
-    leftovers,
-    run_env,
-    session_processes,
-)
-from sessions_support import proc_state
-from support import ChildOutput, wait_until
+from helpers.processes import proc_state
+from helpers.run import CAPSULECTL, Leftovers, launch, leftovers, run_env, session_processes
+from helpers.waits import ChildOutput, wait_until
 
 from capsule_client.kit.launcher import spawn
 from capsule_client.kit.paths import store_path

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from run_support import Leftovers, launch, leftovers, session_processes
-from support import ChildOutput, wait_until
+from helpers.run import Leftovers, launch, leftovers, session_processes
+from helpers.waits import ChildOutput, wait_until
 
 from capsule_client import Client
 

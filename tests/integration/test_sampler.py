@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, answers_ping, bind_notify_socket, raw_exchange, wait_until
+from helpers.daemon import DaemonProcess, answers_ping, bind_notify_socket, raw_exchange
+from helpers.waits import wait_until
 
 from capsule_client import Client, RemoteError
 from capsule_client.kit.paths import lock_path_for

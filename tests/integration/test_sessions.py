@@ -16,8 +16,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import Sleepers, pids
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.processes import Sleepers
+from helpers.waits import wait_until
+from helpers.world import pids
 
 from capsule_client import Client
 from capsule_client.cli.main import main as capsulectl

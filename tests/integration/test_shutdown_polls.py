@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client
 

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, answers_ping, wait_until
+from helpers.daemon import DaemonProcess, answers_ping
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit import paths

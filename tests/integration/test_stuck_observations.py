@@ -19,7 +19,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 from capsule_client import Client, DiscoveryUnavailable
 from capsule_client.kit.paths import store_path

@@ -21,9 +21,10 @@ from pathlib import Path
 import msgspec
 import psutil
 import pytest
+from helpers.daemon import DaemonProcess
+from helpers.processes import DEADLINE_S, Processes, proc_state
+from helpers.waits import wait_until
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from sessions_support import DEADLINE_S, Processes, proc_state
-from support import DaemonProcess, wait_until
 
 from capsule_client import Client, NoSuchSession
 from capsule_client.cli.main import main as capsulectl

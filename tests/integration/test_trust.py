@@ -5,7 +5,7 @@ a link anywhere under the home is an entry, never a directory to walk or
 watch, and changes nothing about what is seen elsewhere. Every case runs
 against the real daemon in both watch modes, most of them with the
 adversity made before the daemon starts and made while it runs; after each
-one :meth:`Trusted.check` (``tests/trust_support.py``) writes receipts for a
+one :meth:`Trusted.check` (``tests/helpers/trust.py``) writes receipts for a
 live ``sleep`` into the real receipt directories and asserts they are heard
 within the watch's latency, are in the next read-your-writes answer, and
 that the answer lists exactly the receipts in real directories.
@@ -24,9 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sessions_support import Sleepers
-from support import wait_until
-from trust_support import (
+from helpers.processes import Sleepers
+from helpers.trust import (
     MODES,
     REAL_INPUT,
     REAL_RUN,
@@ -41,6 +40,7 @@ from trust_support import (
     trusted,
     walked_directories,
 )
+from helpers.waits import wait_until
 
 from capsule_client.wire import ActiveSessionsSnapshot
 

@@ -6,7 +6,7 @@ hard link outside its directory, a directory mounted over a receipt
 directory) is found by the next verification, logged and counted; a kernel
 queue overflow makes the next observation walk at once; a directory past the
 watch limit is polled. After each, the answers list exactly the receipts in
-the home's real directories (:class:`Trusted` in ``tests/trust_support.py``).
+the home's real directories (:class:`Trusted` in ``tests/helpers/trust.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions_support import Sleepers
-from support import DaemonProcess, wait_until
-from trust_support import (
+from helpers.daemon import DaemonProcess
+from helpers.processes import Sleepers
+from helpers.trust import (
     MODES,
     REAL_INPUT,
     REAL_RUN,
@@ -40,7 +40,8 @@ from trust_support import (
     settles,
     trusted,
 )
-from userns import user_namespaces_work, with_inotify_limit
+from helpers.userns import user_namespaces_work, with_inotify_limit
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.receipts import (

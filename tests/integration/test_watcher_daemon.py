@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess
-from userns import user_namespaces_work, with_inotify_limit
+from helpers.daemon import DaemonProcess
+from helpers.userns import user_namespaces_work, with_inotify_limit
 
 from capsule_client import Client
 from capsule_client.kit.receipts import write_exec_receipt

@@ -7,7 +7,7 @@ import subprocess
 
 import anyio
 import pytest
-from sessions_support import Sleepers
+from helpers.processes import Sleepers
 
 from capsuled.processes.exits import ExitWatch, pidfds_supported
 from capsuled.processes.sample import sample_processes

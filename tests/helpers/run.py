@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import proc_state
 
 from capsule_client import Client
 from capsule_client.wire import SessionProcess
+from helpers.processes import proc_state
 
 #: The launcher, as a separate process (it must be the process that stays).
 CAPSULECTL = [sys.executable, "-m", "capsule_client.cli"]

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from support import ChildOutput
+
+from helpers.waits import ChildOutput
 
 #: How long a stalled commit waits between its WAL write and its publication, seconds.
 STALL_S: Final = 0.05

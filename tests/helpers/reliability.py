@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import rpc_model
-from support import DaemonProcess, raw_exchange
+
+from helpers.daemon import DaemonProcess, raw_exchange
 
 FULL = os.environ.get("CAPSULED_HARDENING_FULL", "") not in ("", "0")
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import msgspec
-from support import DaemonProcess, wait_until
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path
@@ -49,6 +48,8 @@ from capsule_client.wire import (
     VerificationStatus,
     WatchStatus,
 )
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 T = TypeVar("T")
 
