@@ -85,7 +85,7 @@ def render_fuzz(f: dict[str, Any]) -> str:
         "parameter of every served method of the wrong type, nesting up to 20,000 levels, "
         "huge numbers, invalid UTF-8 and unpaired surrogate escapes, lines of exactly 1 MiB "
         "and 1 MiB + 1, batches of up to 1,000, and a last line without its newline. Each "
-        "example is one connection to a real daemon; `tests/rpc_model.py`, written from the "
+        "example is one connection to a real daemon; `tests/models/rpc_model.py`, written from the "
         "specification and sharing no code with the daemon, predicts every reply (code and "
         "id) and every close, and `ping` must answer after each example. The daemon's log "
         "must show no failed connection and no internal error.\n\n"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import rpc_model
+from models import rpc_model
 
 from helpers.daemon import DaemonProcess, raw_exchange
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import msgspec
 import pytest
-import rpc_model
 from helpers.daemon import DaemonProcess, raw_exchange, short_tmpdir
 from helpers.reliability import FULL, FULL_TIMEOUT_S, exchange, record, served_models, size
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from models import rpc_model
 
 from capsule_client.wire import METHOD_PARAMS
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
-import rpc_model
 from helpers.daemon import DaemonProcess, short_tmpdir
 from helpers.reliability import exchange, served_models
+from models import rpc_model
 
 from capsule_client.wire import METHOD_PARAMS
 

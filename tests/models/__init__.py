@@ -1,0 +1,5 @@
+"""Reference models the tests compare the daemon with, sharing no code with it.
+
+* ``rpc_model``: the wire protocol, from docs/design.md §7 and docs/protocol.md:
+  which replies, codes and closes any bytes a client sends must get.
+"""
