@@ -45,10 +45,10 @@ test-slow: $(VENV)/.installed-test test-tools
 	$(BIN)/python -m pytest -m slow
 
 # What the tests run beside the daemon: Debian's node_exporter scrapes the
-# metrics textfile (tests/integration/test_metrics_daemon.py). Installed when
+# metrics textfile (tests/integration/service/test_metrics_daemon.py). Installed when
 # missing where apt-get runs as root; elsewhere that test is skipped and says why.
 # The TypeScript MCP SDK is the independent client of `capsulectl mcp`
-# (tests/integration/test_mcp_node.py), installed from tests/node's lockfile
+# (tests/integration/mcp/test_mcp_node.py), installed from tests/node's lockfile
 # where npm is present; elsewhere that test is skipped and says why.
 # The real Claude Code, pinned in tests/claude_code's lockfile (its native
 # binary is an optional package of ~400 MB), drives tests/agents offline;

@@ -30,12 +30,12 @@ PAGE = ROOT / "docs" / "reliability.md"
 
 #: The reliability tests (bad input, load, faults), in the order the page presents them.
 TESTS = [
-    "tests/integration/test_fuzz_protocol.py",
-    "tests/integration/test_load.py",
-    "tests/integration/test_faults.py",
-    "tests/integration/test_bad_input.py",
-    "tests/integration/test_bad_receipts.py",
-    "tests/integration/test_params_catalogue.py",
+    "tests/integration/protocol/test_fuzz_protocol.py",
+    "tests/integration/reliability/test_load.py",
+    "tests/integration/reliability/test_faults.py",
+    "tests/integration/reconcile/test_bad_input.py",
+    "tests/integration/snapshot/test_bad_receipts.py",
+    "tests/integration/protocol/test_params_catalogue.py",
     "tests/rpc/test_dispatch_hostile_input.py",
     "tests/reconcile/test_reconcile_scan.py",
     "tests/client/test_receipts.py",
@@ -80,7 +80,7 @@ def _latency_rows(prefix: str, figures: dict[str, Any]) -> list[tuple[str, Any]]
 def render_fuzz(f: dict[str, Any]) -> str:
     return (
         "## Protocol fuzzing\n\n"
-        "`tests/integration/test_fuzz_protocol.py`: Hypothesis (derandomized, no example "
+        "`tests/integration/protocol/test_fuzz_protocol.py`: Hypothesis (derandomized, no example "
         "database) writes random bytes, random JSON, requests with every member and every "
         "parameter of every served method of the wrong type, nesting up to 20,000 levels, "
         "huge numbers, invalid UTF-8 and unpaired surrogate escapes, lines of exactly 1 MiB "

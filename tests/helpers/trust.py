@@ -1,6 +1,6 @@
 """A real daemon on a home under adversity, and the check that it is neither deaf nor wrong.
 
-The adversity tests (``tests/integration/test_trust*.py``) build links,
+The adversity tests (``tests/integration/watch/test_trust*.py``) build links,
 cycles, odd files, renames and kernel limits into a home served by the real
 ``capsuled``; after each one, :meth:`Trusted.check` writes receipts for a live
 ``sleep`` into every real receipt directory of the home and into a new run,

@@ -21,7 +21,7 @@ from helpers.daemon import DaemonProcess
 from helpers.mcp_sessions import DEV_SERVER, exec_of, own
 from helpers.processes import DEADLINE_S, Processes
 
-NODE_DIR = Path(__file__).parents[1] / "node"
+NODE_DIR = Path(__file__).parents[2] / "node"
 NODE = shutil.which("node")
 SDK = NODE_DIR / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
 

@@ -42,7 +42,7 @@ from helpers.doc_blocks import (
 
 from benchmarks.scenarios import SCENARIOS
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "sessions.md", ROOT / "docs" / "protocol.md"]
 #: The longest a documented command may take (the daemon answers in milliseconds).
 COMMAND_TIMEOUT_S = 30.0
