@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-slow test-tools lint bench bench-quick clean FORCE
+.PHONY: run test test-slow test-tools test-scripts lint bench bench-quick clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ run: $(VENV)/.installed-run
 # at a time. CI runs both. The suite's tests mostly wait on processes and
 # deadlines, so two workers (pytest-xdist) halve its time even on two cores.
 TEST_WORKERS ?= 2
-test: lint test-tools
+test: lint test-tools test-scripts
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(VENV)/.installed-test test-tools
@@ -67,6 +67,12 @@ test-tools: $(MCP_NODE_SDK) $(CLAUDE_CODE)
 	else \
 		echo "$(NODE_EXPORTER) is missing (no apt-get as root); its test will be skipped"; \
 	fi
+
+# The scripts run by hand (tests/tools/, docs/reliability.md and docs/sessions.md)
+# must still start, and the reliability script still find every test it runs.
+test-scripts: $(VENV)/.installed-test
+	$(BIN)/python tests/tools/live_latency.py --help >/dev/null
+	$(BIN)/python tests/tools/reliability.py --list >/dev/null
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check daemon client tests benchmarks

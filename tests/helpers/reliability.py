@@ -3,7 +3,7 @@
 Each reliability test runs at a small size in CI and at its full size when
 ``CAPSULED_HARDENING_FULL=1``. When ``CAPSULED_RELIABILITY_OUT`` names a
 directory, tests write what they measured there as one JSON file per figure;
-``tests/reliability.py`` runs the full suite that way and renders
+``tests/tools/reliability.py`` runs the full suite that way and renders
 docs/reliability.md from the files.
 """
 

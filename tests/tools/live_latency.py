@@ -1,7 +1,7 @@
 """Measure receipt-to-notification and exit-to-notification latency (docs/sessions.md).
 
-Not a test (pytest does not collect it): run by hand,
-``python tests/live_latency.py [--rounds 200] [--pause-ms 50]``.
+Not a test (pytest does not collect it): run by hand from the test venv,
+``python tests/tools/live_latency.py [--rounds 200] [--pause-ms 50]``.
 
 A real daemon samples every 60 s, so every notification comes from an event.
 One client subscribes. Each round starts a ``sleep``, then
@@ -28,7 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+# The tests' helpers (tests/), and the daemon launcher they share with the benchmarks (the root).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers.daemon import DaemonProcess, short_tmpdir
 

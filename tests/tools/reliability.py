@@ -2,8 +2,9 @@
 
 Usage (from the repository root, in the test venv)::
 
-    .venv/bin/python tests/reliability.py          # full size, rewrites docs/reliability.md
-    .venv/bin/python tests/reliability.py --ci     # CI size, quick check of the script
+    .venv/bin/python tests/tools/reliability.py          # full size, rewrites docs/reliability.md
+    .venv/bin/python tests/tools/reliability.py --ci     # CI size, quick check of the script
+    .venv/bin/python tests/tools/reliability.py --list   # the test files it runs
 
 It runs pytest on the reliability tests with ``CAPSULED_HARDENING_FULL=1`` and
 ``CAPSULED_RELIABILITY_OUT`` set; each test writes what it measured as JSON,
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reliability.md"
 
 #: The reliability tests (bad input, load, faults), in the order the page presents them.
@@ -51,7 +52,7 @@ a small size; the figures below come from the full size.
 Regenerate this page (it takes several minutes on two cores):
 
 ```
-.venv/bin/python tests/reliability.py
+.venv/bin/python tests/tools/reliability.py
 ```
 
 which runs `pytest` on {tests} with `CAPSULED_HARDENING_FULL=1` and rewrites
@@ -215,20 +216,27 @@ def render(figures: dict[str, dict[str, Any]], notes: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ci", action="store_true", help="CI sizes; do not rewrite the page")
+    parser.add_argument("--list", action="store_true", help="print the test files it runs")
     args = parser.parse_args(argv)
+    missing = [t for t in TESTS if not (ROOT / t).exists()]
+    if missing:
+        print(f"reliability: no such test file: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    if args.list:
+        print("\n".join(TESTS))
+        return 0
     with tempfile.TemporaryDirectory(prefix="capsuled-figures-") as out:
         env = {**os.environ, "CAPSULED_RELIABILITY_OUT": out}
         if args.ci:
             env.pop("CAPSULED_HARDENING_FULL", None)
         else:
             env["CAPSULED_HARDENING_FULL"] = "1"
-        tests = [t for t in TESTS if (ROOT / t).exists()]
         # A private --basetemp: other pytest runs on the machine clean up the shared one.
         status = subprocess.call(
             [
                 *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
                 f"--basetemp={out}/pytest",
-                *tests,
+                *TESTS,
             ],
             cwd=ROOT,
             env=env,
