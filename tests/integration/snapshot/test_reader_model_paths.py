@@ -33,17 +33,8 @@ from helpers.reliability import size
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
-from test_reader_model import (
-    EXEC_IDS,
-    INPUTS,
-    PICK,
-    SESSIONS,
-    Expected,
-    ReaderModel,
-    changes_found,
-    reference,
-    sample_processes,
-)
+from models.reader_model import Expected, reference, sample_processes
+from test_reader_model import EXEC_IDS, INPUTS, PICK, SESSIONS, ReaderModel, changes_found
 
 #: How long each path may take to show a step.
 WITHIN_S = 1.0
