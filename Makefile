@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-slow test-tools lint bench bench-quick clean FORCE
+.PHONY: run test test-slow test-tools test-scripts lint bench bench-quick clean FORCE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,17 +38,17 @@ run: $(VENV)/.installed-run
 # at a time. CI runs both. The suite's tests mostly wait on processes and
 # deadlines, so two workers (pytest-xdist) halve its time even on two cores.
 TEST_WORKERS ?= 2
-test: lint test-tools
+test: lint test-tools test-scripts
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS)
 
 test-slow: $(VENV)/.installed-test test-tools
 	$(BIN)/python -m pytest -m slow
 
 # What the tests run beside the daemon: Debian's node_exporter scrapes the
-# metrics textfile (tests/integration/test_metrics_daemon.py). Installed when
+# metrics textfile (tests/integration/service/test_metrics_daemon.py). Installed when
 # missing where apt-get runs as root; elsewhere that test is skipped and says why.
 # The TypeScript MCP SDK is the independent client of `capsulectl mcp`
-# (tests/integration/test_mcp_node.py), installed from tests/node's lockfile
+# (tests/integration/mcp/test_mcp_node.py), installed from tests/node's lockfile
 # where npm is present; elsewhere that test is skipped and says why.
 # The real Claude Code, pinned in tests/claude_code's lockfile (its native
 # binary is an optional package of ~400 MB), drives tests/agents offline;
@@ -67,6 +67,12 @@ test-tools: $(MCP_NODE_SDK) $(CLAUDE_CODE)
 	else \
 		echo "$(NODE_EXPORTER) is missing (no apt-get as root); its test will be skipped"; \
 	fi
+
+# The scripts run by hand (tests/tools/, docs/reliability.md and docs/sessions.md)
+# must still start, and the reliability script still find every test it runs.
+test-scripts: $(VENV)/.installed-test
+	$(BIN)/python tests/tools/live_latency.py --help >/dev/null
+	$(BIN)/python tests/tools/reliability.py --list >/dev/null
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check daemon client tests benchmarks

@@ -1,6 +1,6 @@
 """The real ``capsuled`` as a subprocess on a short socket path: the one launcher.
 
-The benchmarks and the tests (``tests/support.py`` re-exports it) both start
+The benchmarks and the tests (``tests/helpers/daemon.py`` re-exports it) both start
 the daemon with :class:`DaemonProcess`. Only the standard library and psutil
 are imported here, so ``python -m benchmarks`` and pytest can both import it.
 """

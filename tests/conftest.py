@@ -5,8 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import Processes, Sleepers, sleepers
-from support import DaemonProcess, short_tmpdir
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.processes import Processes, Sleepers, sleepers
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,7 @@
-"""capsulectl watch and top: what people read (the daemon side is in integration/test_live.py)."""
+"""capsulectl watch and top: what people read.
+
+The daemon side is in integration/snapshot/test_live.py.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from support import demo_session
+from helpers.demo import demo_session
 
 from capsule_client.kit.paths import records_root
 from capsuled.reconcile.prior_session import reconcile

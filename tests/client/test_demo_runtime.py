@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sessions_support import proc_state
-from support import DEMO, DaemonProcess, demo_session, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.demo import DEMO, demo_session
+from helpers.processes import proc_state
+from helpers.waits import wait_until
 
 from capsuled.reader import ActiveSessionReader
 

@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 import psutil
 import pytest
-from sessions_support import Sleepers, make_home
+from helpers.processes import Sleepers
+from helpers.world import make_home
 
 from capsule_client.kit.receipts import (
     ExecReceipt,

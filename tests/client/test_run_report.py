@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from run_support import with_argv
-from support import wait_until
+from helpers.run import with_argv
+from helpers.waits import wait_until
 
 from capsule_client.cli.run import process_command_line, render_leftovers
 from capsule_client.wire import SessionProcess

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from run_support import CAPSULECTL
-from sessions_support import proc_state
-from support import wait_until
+from helpers.processes import proc_state
+from helpers.run import CAPSULECTL
+from helpers.waits import wait_until
 
 PROBE = Path(__file__).with_name("run_probe.py")
 PROMPT = "PROMPT>"

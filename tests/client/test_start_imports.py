@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 
 import pytest
-from sessions_support import Processes
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
+from helpers.processes import Processes
 
 from capsule_client.kit.paths import store_path
 from capsule_client.kit.store import OwnershipStore

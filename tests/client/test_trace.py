@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ChildOutput
+from helpers.waits import ChildOutput
 
 from capsule_client.kit.trace import (
     SessionStart,

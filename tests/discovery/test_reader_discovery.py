@@ -16,15 +16,8 @@ import anyio
 import anyio.lowlevel
 import msgspec
 import pytest
-from sessions_support import (
-    DEADLINE_S,
-    OwnershipMovingAlways,
-    OwnershipMovingOnce,
-    Sleepers,
-    World,
-    make_home,
-    pids,
-)
+from helpers.processes import DEADLINE_S, Sleepers
+from helpers.world import OwnershipMovingAlways, OwnershipMovingOnce, World, make_home, pids
 
 from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.discovery.discovery import NO_WATCHER_NOTE, Discovery

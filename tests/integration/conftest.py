@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess, short_tmpdir
+from helpers.daemon import DaemonProcess, short_tmpdir
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from sessions_support import Processes, proc_state
-from support import wait_until
+from helpers.processes import Processes, proc_state
+from helpers.waits import wait_until
 
 from capsule_client.kit.proc import read_stat, start_time_s
 from capsuled.processes.argv import (

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sessions_support import DEADLINE_S, proc_state
-from support import wait_until
+from helpers.processes import DEADLINE_S, proc_state
+from helpers.waits import wait_until
 
 from capsuled.processes.descendants import (
     LOOK_INTERVAL_S,

@@ -7,7 +7,7 @@ import subprocess
 
 import anyio
 import pytest
-from sessions_support import Sleepers
+from helpers.processes import Sleepers
 
 from capsule_client.kit.proc import ticks_per_s
 from capsuled.processes.exits import ExitWatch, pidfds_supported

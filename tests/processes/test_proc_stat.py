@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sessions_support import Sleepers, proc_state
-from support import wait_until
+from helpers.processes import Sleepers, proc_state
+from helpers.waits import wait_until
 
 from capsule_client.kit.proc import (
     ProcStat,

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 import structlog
 import structlog.testing
-from sessions_support import DEADLINE_S, Processes, proc_state
-from support import wait_until
+from helpers.processes import DEADLINE_S, Processes, proc_state
+from helpers.waits import wait_until
 
 from capsule_client.wire import TerminateReport
 from capsuled.processes.descendants import DescendantTracker

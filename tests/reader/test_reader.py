@@ -17,8 +17,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import OwnershipMovingOnce, World, pids, sleepers
-from support import wait_until
+from helpers.processes import sleepers
+from helpers.waits import wait_until
+from helpers.world import OwnershipMovingOnce, World, pids
 
 from capsule_client.kit.receipts import (
     ExecReceipt,

@@ -14,8 +14,9 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from sessions_support import Sleepers, World, pids, proc_state
-from support import wait_until
+from helpers.processes import Sleepers, proc_state
+from helpers.waits import wait_until
+from helpers.world import World, pids
 
 from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
 from capsuled.processes.looks import DescendantLooks

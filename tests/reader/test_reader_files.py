@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import CheckHook, OwnershipMovingOnce, World, make_home, pids, sleepers
+from helpers.processes import sleepers
+from helpers.world import CheckHook, OwnershipMovingOnce, World, make_home, pids
 
 from capsule_client.kit.receipts import MAX_RECEIPT_BYTES, process_start_time
 from capsuled.home.strictness import user_name

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import World, pids, sleepers
+from helpers.processes import sleepers
+from helpers.world import World, pids
 
 from capsule_client.wire import ActiveSessionsSnapshot
 from capsuled.reader import ActiveSessionReader

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sessions_support import World, pids, sleepers
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
+from helpers.processes import sleepers
+from helpers.world import World, pids
 
 from capsule_client import Client
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import psutil
 import pytest
-from sessions_support import Sleepers
+from helpers.processes import Sleepers
 
 from capsuled.processes import sample as processes
 from capsuled.processes.sample import Start, matches_start, sample_processes

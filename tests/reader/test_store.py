@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sessions_support import Sleepers
+from helpers.processes import Sleepers
 
 from capsule_client.kit.proc import process_start
 from capsule_client.kit.store import OwnershipStore, StoreVersionError

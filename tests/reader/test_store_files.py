@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
 
 from capsule_client import Client
 from capsule_client.kit.store import OwnershipStore

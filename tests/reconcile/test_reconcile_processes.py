@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from support import ChildOutput
+from helpers.waits import ChildOutput
 
 from capsule_client.wire import LostReport
 from capsuled.reconcile.prior_session import reconcile

@@ -10,7 +10,7 @@ import anyio
 import msgspec
 import pytest
 import structlog
-from support import listen_unix
+from helpers.daemon import listen_unix
 
 from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import SPLICE_MIN_BYTES, Dispatcher, Encoded, Method

@@ -17,8 +17,8 @@ import anyio
 import msgspec
 import pytest
 import structlog
+from helpers.daemon import listen_unix
 from msgspec import Meta, Struct
-from support import listen_unix
 
 from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 import structlog
-from support import listen_unix
+from helpers.daemon import listen_unix
 
 from capsule_client.wire import NoParams
 from capsuled.rpc.jsonrpc import Dispatcher, Method, ReplyParts

@@ -11,7 +11,8 @@ import socket
 import termios
 from pathlib import Path
 
-from support import DaemonProcess, wait_until
+from helpers.daemon import DaemonProcess
+from helpers.waits import wait_until
 
 
 def _status_line(id: int) -> bytes:

@@ -17,7 +17,8 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from support import ChildOutput, bind_notify_socket, wait_until
+from helpers.daemon import bind_notify_socket
+from helpers.waits import ChildOutput, wait_until
 
 from capsule_client.cli.main import main as capsulectl
 from capsule_client.kit import paths

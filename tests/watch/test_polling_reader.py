@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import World, sleepers
+from helpers.processes import sleepers
+from helpers.world import World
 
 from capsuled.reader import ActiveSessionReader
 from capsuled.watch.polling import Poller

@@ -15,7 +15,7 @@ from pathlib import Path, PurePath
 
 import anyio
 import pytest
-from userns import user_namespaces_work, with_inotify_limit
+from helpers.userns import user_namespaces_work, with_inotify_limit
 
 from capsuled.service.config import ConfigError, parse_args
 from capsuled.watch.changes import ChangeFeed
