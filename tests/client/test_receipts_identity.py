@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions_support import Sleepers, make_home
+from helpers.processes import Sleepers
+from helpers.world import make_home
 
 from capsule_client.kit.proc import ProcessStart, boot_id, is_boot_id, process_start
 from capsule_client.kit.receipts import (

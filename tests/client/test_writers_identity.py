@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sessions_support import make_home
-from support import demo_session
+from helpers.demo import demo_session
+from helpers.world import make_home
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the exact identity is Linux's"

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import anyio
 import anyio.lowlevel
 import pytest
-from sessions_support import DEADLINE_S, Processes
-from support import wait_until
+from helpers.processes import DEADLINE_S, Processes
+from helpers.waits import wait_until
 
 from capsule_client.kit.proc import boot_id, process_start, read_stat, read_stat_line
 from capsuled.processes import identity

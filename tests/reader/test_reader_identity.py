@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import World, sleepers
-from support import wait_until
+from helpers.processes import sleepers
+from helpers.waits import wait_until
+from helpers.world import World
 
 from capsule_client.kit.proc import ProcessStart, process_start
 from capsule_client.kit.receipts import write_exec_receipt, write_provider_client_receipt

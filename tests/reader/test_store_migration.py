@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import Sleepers
+from helpers.processes import Sleepers
 
 from capsule_client.kit.proc import ProcessStart, process_start
 from capsule_client.kit.store import OwnershipStore, StoreVersionError

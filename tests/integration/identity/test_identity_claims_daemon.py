@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sessions_support import DEADLINE_S, Processes
-from support import DaemonProcess
+from helpers.daemon import DaemonProcess
+from helpers.processes import DEADLINE_S, Processes
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sessions_support import DEADLINE_S, Processes
-from support import DaemonProcess, short_tmpdir, wait_until
+from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.processes import DEADLINE_S, Processes
+from helpers.waits import wait_until
 
 from capsule_client import Client
 from capsule_client.kit.paths import store_path
