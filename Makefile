@@ -19,7 +19,7 @@ EDITABLE := --config-settings editable_mode=strict
 MODULES := $(VENV)/.modules
 
 $(MODULES): FORCE | $(BIN)/python
-	@find daemon client -name '*.py' -o -name py.typed | LC_ALL=C sort > $@.new
+	@find daemon client -name '*.py' -o -name py.typed -o -path '*/service_templates/*' | LC_ALL=C sort > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(VENV)/.installed-run: pyproject.toml $(MODULES) | $(BIN)/python
@@ -107,3 +107,20 @@ $(CLAUDE_CODE): tests/claude_code/package.json tests/claude_code/package-lock.js
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+
+# What `capsulectl service` drives (tests/integration/service/): systemd's
+# systemctl, systemd-analyze and the user manager, installed from Debian when
+# missing where apt-get runs as root; elsewhere those tests are skipped and say why.
+.PHONY: systemd-tools
+test-tools: systemd-tools
+systemd-tools:
+	@command -v systemd-analyze >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing systemd with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq systemd >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq systemd; } || \
+		echo "could not install systemd; the service tests that need it will be skipped"; \
+	else \
+		echo "systemd-analyze is missing (no apt-get as root); the service tests that need it will be skipped"; \
+	fi

@@ -72,6 +72,11 @@ COMMANDS: Final[dict[str, Command]] = {
         "stop) what its session runs; needs the extra capsuled[mcp]",
         connects=False,
     ),
+    "service": Command(
+        "install (or uninstall) capsuled as your service: systemd user units, or a "
+        "launchd agent on macOS",
+        connects=False,
+    ),
 }
 
 #: The longest ``--timeout``: a day (a socket timeout past about 9e9 s cannot be set at all).
