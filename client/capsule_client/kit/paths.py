@@ -21,6 +21,7 @@ __all__ = [
     "lock_path_for",
     "make_private_dirs",
     "records_root",
+    "remove_made_dirs",
     "store_path",
 ]
 
@@ -86,13 +87,16 @@ def store_path(home: Path) -> Path:
     return home / "capsule.db"
 
 
-def make_private_dirs(directory: Path) -> None:
+def make_private_dirs(directory: Path) -> list[Path]:
     """``mkdir -p -m 0700``: every missing level of ``directory`` is made with mode 0700.
 
     Each level is made on its own and chmod-ed to 0700 after ``mkdir`` (the
     umask may have taken bits; ``Path.mkdir(parents=True)`` would give the
     parents the default mode). Existing directories are left as they are,
     symbolic links to directories included (a home may be one, docs/design.md §3).
+
+    Returns:
+        The levels it made, outermost first (:func:`remove_made_dirs` undoes them).
 
     Raises:
         OSError: a level is not a directory: ``ENOTDIR`` for a file,
@@ -108,6 +112,7 @@ def make_private_dirs(directory: Path) -> None:
         if current == current.parent:
             break
         current = current.parent
+    made: list[Path] = []
     for level in reversed(missing):
         try:
             level.mkdir(mode=0o700)
@@ -116,6 +121,7 @@ def make_private_dirs(directory: Path) -> None:
             if not level.is_dir():  # pragma: no cover - removed again meanwhile
                 raise
             continue
+        made.append(level)
         # A symbolic link put in its place meanwhile is refused, not chmod-ed
         # (by path: a descriptor would need the read bit the umask may have taken).
         if stat.S_ISLNK(os.lstat(level).st_mode):
@@ -123,6 +129,17 @@ def make_private_dirs(directory: Path) -> None:
                 errno.ELOOP, "a symbolic link replaced a directory being made", str(level)
             )
         os.chmod(level, 0o700)
+    return made
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """Undo :func:`make_private_dirs`: remove the levels it made, innermost first, as
+    long as each is empty (one that holds something now stays, with its parents)."""
+    for level in reversed(made):
+        try:
+            level.rmdir()
+        except OSError:
+            return
 
 
 def _refuse_non_directory(level: Path) -> None:

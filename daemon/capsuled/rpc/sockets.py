@@ -16,14 +16,14 @@ import os
 import socket
 import stat
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
 import anyio
 import structlog
 
-from capsule_client.kit.paths import MAX_SOCKET_PATH_BYTES, make_private_dirs
+from capsule_client.kit.paths import MAX_SOCKET_PATH_BYTES, make_private_dirs, remove_made_dirs
 from capsuled.startup_errors import AlreadyRunning, ServiceError, SocketPathTaken
 
 from .activation import activated_listener, socket_path_of
@@ -58,16 +58,19 @@ _LASTING: Final = {
 }
 
 
-def prepare_socket_directory(socket_path: Path) -> None:
+def prepare_socket_directory(socket_path: Path) -> list[Path]:
     """Create the socket's directory 0700 if it is missing (docs/design.md §8).
 
     An existing directory (``$XDG_RUNTIME_DIR``, the home) is left as it is.
+
+    Returns:
+        The directories it made, outermost first.
 
     Raises:
         ServiceError: the directory cannot be created.
     """
     try:
-        make_private_dirs(socket_path.parent)
+        return make_private_dirs(socket_path.parent)
     except OSError as exc:
         raise ServiceError(
             f"cannot create the socket's directory {socket_path.parent}: {exc.strerror or exc}"
@@ -197,6 +200,7 @@ class Listening:
             unlinks it.
         lock: the held lock beside the socket.
         bound: what :func:`remove_socket` needs, when the daemon bound the socket.
+        made_dirs: the socket's directories this start made, outermost first.
     """
 
     sock: socket.socket
@@ -204,18 +208,27 @@ class Listening:
     activated: bool
     lock: SocketLock
     bound: BoundSocket | None = None
+    made_dirs: list[Path] = field(default_factory=list)
 
-    def close(self) -> None:
+    def close(self, *, refused: bool = False) -> None:
         """Remove the socket the daemon created, then release the lock. Idempotent.
 
         In that order: once the lock is free another daemon may bind the path,
         and its socket must not be the one removed. The listening socket itself
         is closed by whoever wrapped it (anyio's listener ``aclose``).
+
+        Args:
+            refused: the start was refused: the lock file and the directories
+                this start made are removed too, so the socket's directory is as
+                it was before (a daemon that served leaves its empty lock file).
         """
         if self.bound is not None and remove_socket(self.bound):
             _log.debug("socket removed", socket=str(self.path))
         self.bound = None
-        self.lock.release()
+        self.lock.release(remove=refused and self.lock.created)
+        if refused:
+            remove_made_dirs(self.made_dirs)
+            self.made_dirs = []
 
 
 def open_listener(
@@ -235,7 +248,8 @@ def open_listener(
             (default ``os.environ``).
 
     Raises:
-        ServiceError: any of the refusals of this module; nothing was left held.
+        ServiceError: any of the refusals of this module; nothing was left held, and
+            the lock file and directories this call made are removed again.
     """
     activated = activated_listener(environ)
     if activated is not None:
@@ -246,14 +260,26 @@ def open_listener(
             activated.detach()  # systemd's descriptor: closing it is not ours to decide
             raise
         return Listening(sock=activated, path=path, activated=True, lock=lock)
-    prepare_socket_directory(socket_path)
-    lock = acquire_socket_lock(socket_path)
+    made = prepare_socket_directory(socket_path)
+    try:
+        lock = acquire_socket_lock(socket_path)
+    except BaseException:
+        remove_made_dirs(made)
+        raise
     try:
         bound = bind_unix_socket(socket_path)
     except BaseException:
-        lock.release()
+        lock.release(remove=lock.created)  # a refused start leaves nothing behind
+        remove_made_dirs(made)
         raise
-    return Listening(sock=bound.sock, path=socket_path, activated=False, lock=lock, bound=bound)
+    return Listening(
+        sock=bound.sock,
+        path=socket_path,
+        activated=False,
+        lock=lock,
+        bound=bound,
+        made_dirs=made,
+    )
 
 
 #: What :func:`mend_listening` did or found.

@@ -16,21 +16,26 @@ from capsuled.startup_errors import UnsafeHome
 __all__ = ["check_home", "ensure_home"]
 
 
-def ensure_home(home: Path) -> None:
+def ensure_home(home: Path) -> list[Path]:
     """Create the home if it is missing, then check it (:func:`check_home`).
 
     A missing home, and any missing parent, is created with mode 0700 (what the
     XDG base directory specification asks for), so that a first start on a
     fresh machine works.
 
+    Returns:
+        The directories it made, outermost first (a refused start removes them:
+        ``capsule_client.kit.paths.remove_made_dirs``).
+
     Raises:
         UnsafeHome: the home cannot be created, or fails :func:`check_home`.
     """
     try:
-        make_private_dirs(home)
+        made = make_private_dirs(home)
     except OSError as exc:
         raise UnsafeHome(f"cannot create the home {home}: {exc.strerror or exc}") from exc
     check_home(home)
+    return made
 
 
 def check_home(home: Path) -> None:

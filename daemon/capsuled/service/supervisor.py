@@ -31,7 +31,7 @@ import structlog
 from anyio import open_signal_receiver  # imported now: a lazy import needs a descriptor
 from anyio.abc import TaskStatus
 
-from capsule_client.kit.paths import records_root
+from capsule_client.kit.paths import records_root, remove_made_dirs
 from capsule_client.wire import NoParams, StatusTotals
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.commit_wait import CommitWait
@@ -287,15 +287,19 @@ class Supervisor:
             StartupError: the home or the socket cannot be set up.
         """
         _route_event_loop_errors()
+        made_home: list[Path] = []
         try:
-            ensure_home(self.config.home)  # docs/design.md §3 strictness
+            made_home = ensure_home(self.config.home)  # docs/design.md §3 strictness
             listening = sockets.open_listener(self.config.socket)  # lock, then socket
         except ServiceError as exc:
+            remove_made_dirs(made_home)  # a refused start leaves nothing behind (§8)
             raise StartupError(str(exc)) from exc
         except OSError as exc:
+            remove_made_dirs(made_home)
             if not is_shortage(exc):
                 raise
             raise StartupError(shortage_gap(exc.errno, retrying=False)) from exc
+        ready = False
         if listening.path != self.config.socket:
             self.config = dataclasses.replace(self.config, socket=listening.path)
         try:
@@ -341,12 +345,17 @@ class Supervisor:
                         )
                     )
                 task_status.started()
+                ready = True
                 await self.lifecycle.stopping()
                 self.notifier.stopping("shutting down: finishing requests in flight")
                 await self._drain()
                 tg.cancel_scope.cancel()
         finally:
-            listening.close()  # removes only a socket the daemon created, then unlocks
+            # Removes only a socket the daemon created, then unlocks; a start that
+            # failed before it served removes the lock file and directories it made.
+            listening.close(refused=not ready)
+            if not ready:
+                remove_made_dirs(made_home)
             self.notifier.close()
             log.info("capsuled stopped")
 
