@@ -35,7 +35,18 @@ DEFAULT_WATCH: Final[WatcherMode] = "native"
 
 
 class ConfigError(ValueError):
-    """A flag or environment variable has a value the daemon cannot use."""
+    """A flag or environment variable has a value the daemon cannot use.
+
+    The message starts with the flag or the variable the value came from
+    (``CAPSULED_VERIFY_INTERVAL: verify interval must be …``).
+
+    Attributes:
+        option: the option the value is for (``verify_interval``), None when unknown.
+    """
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,13 +259,27 @@ def parse_args(
     """
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    said: dict[str, str] = {}  # option -> where its value was given: the flag or the variable
 
     def pick(key: str) -> str | None:
         value: str | None = getattr(args, key)
+        said[key] = "--" + key.replace("_", "-")
         if value is None:
             value = env.get(_ENV[key]) or None
+            said[key] = _ENV[key]
         return value
 
+    try:
+        return _config(pick, env)
+    except ConfigError as exc:
+        if exc.option is None:
+            raise
+        raise ConfigError(f"{said[exc.option]}: {exc}", exc.option) from None
+
+
+def _config(pick: Callable[[str], str | None], env: Mapping[str, str]) -> Config:
+    """:func:`parse_args` once the values are picked; a :class:`ConfigError` carries the
+    message and the option it is about."""
     home_text = pick("home")
     home = Path(home_text).expanduser() if home_text else default_home(env)
     home = Path(os.path.abspath(home))
@@ -264,30 +289,39 @@ def parse_args(
 
     log_format = (pick("log_format") or DEFAULT_LOG_FORMAT).lower()
     if log_format not in get_args(LogFormat):
-        raise ConfigError(f"log format must be json, console or auto, not {log_format!r}")
+        raise ConfigError(
+            f"log format must be json, console or auto, not {log_format!r}", "log_format"
+        )
     log_level = (pick("log_level") or DEFAULT_LOG_LEVEL).lower()
     if log_level not in LOG_LEVELS:
-        raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+        raise ConfigError(
+            f"log level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}", "log_level"
+        )
 
     watch = (pick("watch") or DEFAULT_WATCH).lower()
     if watch not in WATCH_MODES:
-        raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}")
+        raise ConfigError(f"watch must be one of {', '.join(WATCH_MODES)}, not {watch!r}", "watch")
 
     textfile_text = pick("metrics_textfile")
     textfile = Path(os.path.abspath(Path(textfile_text).expanduser())) if textfile_text else None
     if textfile is not None and textfile.suffix != ".prom":
         raise ConfigError(
-            f"metrics textfile must end in .prom (node_exporter reads only those), not {textfile}"
+            f"metrics textfile must end in .prom (node_exporter reads only those), not {textfile}",
+            "metrics_textfile",
         )
 
     config = Config(home=home, socket=socket, log_format=log_format, log_level=log_level)  # type: ignore[arg-type]
     overrides: dict[str, object] = {"watch": watch, "metrics_textfile": textfile}
     for key, field, convert in _NUMBERS:
         if (text := pick(key)) is not None:
-            overrides[field] = convert(key.replace("_", " "), text)
+            try:
+                overrides[field] = convert(key.replace("_", " "), text)
+            except ConfigError as exc:
+                raise ConfigError(str(exc), key) from None
     if len(os.fsencode(socket)) > MAX_SOCKET_PATH_BYTES:
         raise ConfigError(
             f"socket path {socket} is longer than the {MAX_SOCKET_PATH_BYTES} bytes "
-            "a Unix socket allows; choose a shorter --socket"
+            "a Unix socket allows; choose a shorter --socket",
+            "socket" if socket_text else None,  # else made of the home or $XDG_RUNTIME_DIR
         )
     return replace(config, **overrides)  # type: ignore[arg-type]
