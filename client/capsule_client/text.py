@@ -11,9 +11,10 @@ What it may import: the standard library, nothing of the package.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["command_line", "duration", "inert", "one_line"]
+__all__ = ["command_line", "duration", "inert", "one_line", "unsettled"]
 
 #: Characters a terminal would act on (C0, DEL, C1), Unicode line and
 #: paragraph separators, and the bidi marks, embeddings, overrides and
@@ -77,3 +78,24 @@ def command_line(argv: object) -> str | None:
     if not isinstance(argv, list) or not argv:
         return None
     return shlex.join(argv)
+
+
+def unsettled(discovery: str, gaps: Sequence[str]) -> list[str]:
+    """What to say first of an answer that is not ``ready``, in place of its sessions:
+    ``discovery unavailable: WHY`` for each gap (a gap says what is wrong and, where
+    the daemon knows one, the fix), inert; ``[]`` for a ``ready`` answer.
+
+    An ``unavailable`` or ``scanning`` answer lists no session whatever runs: shown as
+    a table it would read "no active sessions" (docs/design.md §9).
+    """
+    if discovery == "ready":
+        return []
+    state = inert(discovery)
+    reasons = [inert(gap) for gap in gaps] or ["the daemon gave no reason"]
+    lines = [f"discovery {state}: {reason}" for reason in reasons]
+    if discovery == "scanning":
+        lines.append(
+            "discovery scanning: the answer did not settle within the request's deadline "
+            "(the home kept changing); ask again"
+        )
+    return lines

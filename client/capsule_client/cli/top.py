@@ -7,7 +7,6 @@ from typing import Final, TextIO
 
 from ..client import Client
 from ..wire.constants import MAX_PARAM_MS
-from .exits import EXIT_OK
 from .options import positive_seconds, wide_argument
 from .render.follow import follow_top
 
@@ -42,7 +41,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Print the table, again on every change or interval, until interrupted (or once)."""
-    follow_top(
+    return follow_top(
         client, out, interval_s=args.interval, once=args.once, json=args.json, wide=args.wide
     )
-    return EXIT_OK

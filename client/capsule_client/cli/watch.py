@@ -6,7 +6,6 @@ import argparse
 from typing import TextIO
 
 from ..client import Client
-from .exits import EXIT_OK
 from .options import wide_argument
 from .render.follow import follow_changes
 
@@ -20,5 +19,4 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Subscribe and print every change (``--json``: one document per line)."""
-    follow_changes(client, out, json_lines=args.json, wide=args.wide)
-    return EXIT_OK
+    return follow_changes(client, out, json_lines=args.json, wide=args.wide)

@@ -18,7 +18,7 @@ from typing import Final
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
-from ..text import command_line, duration, one_line
+from ..text import command_line, duration, one_line, unsettled
 from ..wire import (
     ActiveSessionsSnapshot,
     ProcessKind,
@@ -43,6 +43,7 @@ __all__ = [
     "sessions_text",
     "terminate_result",
     "terminate_text",
+    "unsettled_text",
 ]
 
 #: The longest command line a tool returns, characters; a longer one ends with "…".
@@ -354,4 +355,18 @@ def terminate_text(result: TerminateResult) -> str:
             lines.append(f"- pid {process.pid}: {command} — {said[process.outcome]}")
     if "refused" in counts:
         lines.append("The user can stop those by hand (`sudo kill PID` where that is theirs).")
+    return "\n".join(lines)
+
+
+def unsettled_text(snapshot: ActiveSessionsSnapshot) -> str | None:
+    """The tool error for an answer that is not ``ready`` (it lists no session, whatever
+    runs): what is wrong, what fixes it, what to do; None for a ``ready`` answer."""
+    lines = unsettled(snapshot.discovery, snapshot.gaps)
+    if not lines:
+        return None
+    lines.append(
+        "capsuled cannot say now which processes run, nor that none do. Tell the user "
+        "what is wrong above (`capsulectl status` tells them more), then call this "
+        "tool again."
+    )
     return "\n".join(lines)

@@ -49,6 +49,7 @@ from .answers import (
     sessions_text,
     terminate_result,
     terminate_text,
+    unsettled_text,
 )
 
 __all__ = ["SESSION_VARIABLE", "McpOptions", "build_server", "serve"]
@@ -167,11 +168,17 @@ async def _daemon(options: McpOptions) -> AsyncIterator[AsyncClient]:
 
 
 async def _snapshot(client: AsyncClient, usage: bool) -> ActiveSessionsSnapshot:
-    """A read-your-writes answer; with ``usage``, CPU measured between two looks."""
+    """A read-your-writes answer; with ``usage``, CPU measured between two looks.
+
+    Raises:
+        ToolFailure: the answer is not ``ready``: it lists no session, whatever runs.
+    """
     snapshot = await client.snapshot(usage=usage, fresh=True, commands=True)
     if usage:
         await anyio.sleep(USAGE_INTERVAL_S)
         snapshot = await client.snapshot(usage=True, fresh=True, commands=True)
+    if (text := unsettled_text(snapshot)) is not None:
+        raise ToolFailure(text)
     return snapshot
 
 

@@ -21,7 +21,8 @@ from ...errors import (
     SubscriptionDropped,
 )
 from ...wire import ActiveSessionsSnapshot
-from .output import quiet_stdout
+from ..exits import EXIT_OK, EXIT_REMOTE_ERROR
+from .output import quiet_stdout, say_unsettled
 from .tables import JSON_ENCODER, ChangePrinter, render_top
 from .tree import terminal_width
 
@@ -35,12 +36,17 @@ WATCH_RECONNECT_INTERVAL_S: Final = 0.2
 _RECONNECT_ON: Final = (ConnectionLost, DaemonNotRunning, ShuttingDown, Overloaded)
 
 
-def follow_changes(client: Client, out: TextIO, *, json_lines: bool, wide: bool = False) -> None:
+def follow_changes(client: Client, out: TextIO, *, json_lines: bool, wide: bool = False) -> int:
     """Print every ``sessions.changed`` notification until interrupted (``capsulectl watch``).
 
     A daemon that goes away after the first answer (a restart, an upgrade)
     does not end the watch: it reconnects, and the new subscription starts
-    with the whole answer again (``full``).
+    with the whole answer again (``full``). A first answer that is not
+    ``ready`` is said on stderr, and the watch ends with exit status 1 (without
+    ``json_lines``); a later one is shown as what is wrong, and the watch goes on.
+
+    Returns:
+        The exit status: 0 when interrupted, 1 when the first answer was not ``ready``.
 
     Raises:
         DaemonNotRunning: no daemon answered the first subscription (exit
@@ -53,6 +59,9 @@ def follow_changes(client: Client, out: TextIO, *, json_lines: bool, wide: bool 
         while True:
             try:
                 for change in client.subscribe(commands=True):
+                    if not answered and not json_lines:
+                        if say_unsettled(change.discovery, change.gaps):
+                            return EXIT_REMOTE_ERROR
                     answered = True
                     out.write(printer.render(change))
                     out.flush()
@@ -65,9 +74,10 @@ def follow_changes(client: Client, out: TextIO, *, json_lines: bool, wide: bool 
                 print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
                 _wait_for_daemon(client)
     except KeyboardInterrupt:
-        return
+        return EXIT_OK
     except BrokenPipeError:  # `capsulectl watch | head`
         quiet_stdout(out)
+        return EXIT_OK
 
 
 def _wait_for_daemon(client: Client) -> None:
@@ -98,13 +108,18 @@ def follow_top(
     once: bool,
     json: bool,
     wide: bool = False,
-) -> None:
+) -> int:
     """Print the ``usage: true`` table, again on every change or every ``interval_s``.
 
     ``once``: one table, CPU measured over ``interval_s`` (at most 1 s). A table
     shown on a terminal replaces the previous one; ``json`` prints the snapshot
     as one JSON document instead. Each row is cut to the terminal's width
-    (``wide``: whole, with the receipts' ids and paths).
+    (``wide``: whole, with the receipts' ids and paths). A first answer (with
+    ``once``, the answer) that is not ``ready`` is said on stderr instead
+    (without ``json``); a later one is shown as what is wrong, and ``top`` goes on.
+
+    Returns:
+        The exit status: 0, or 1 when the first answer was not ``ready``.
     """
     interval_s = max(interval_s, 0.05)
     clear = not once and out.isatty()
@@ -113,6 +128,8 @@ def follow_top(
         if once:  # CPU use is measured between two looks; the last one reads your writes
             time.sleep(min(interval_s, 1.0))
             snapshot = client.snapshot(usage=True, fresh=True, commands=True)
+        if not json and say_unsettled(snapshot.discovery, snapshot.gaps):
+            return EXIT_REMOTE_ERROR
         while True:
             if json:
                 text = JSON_ENCODER.encode(snapshot).decode()
@@ -122,7 +139,7 @@ def follow_top(
             out.write(("\x1b[H\x1b[2J" if clear else "") + text + "\n")
             out.flush()
             if once:
-                return
+                return EXIT_OK
             try:
                 # Wakes at once when the answer changes, else after the interval.
                 snapshot = client.snapshot(
@@ -136,6 +153,7 @@ def follow_top(
                 print(f"capsulectl: {exc}; reconnecting", file=sys.stderr)
                 snapshot = _snapshot_again(client)
     except KeyboardInterrupt:
-        return
+        return EXIT_OK
     except BrokenPipeError:
         quiet_stdout(out)
+        return EXIT_OK

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from ...text import duration, inert, one_line
+from ...text import duration, inert, one_line, unsettled
 from ...wire import (
     ActiveSessionsSnapshot,
     Session,
@@ -246,6 +246,10 @@ class ChangePrinter:
         else:
             head = f"{clock} generation {change.generation}"
         lines = [head]
+        if said := unsettled(change.discovery, change.gaps):  # its lists are empty, not true
+            lines = [f"{clock} generation {change.generation}", *(f"  {line}" for line in said)]
+            self._gaps, self._unowned, self._discovery = change.gaps, -1, change.discovery
+            return "\n".join(cut(line, self.width) for line in lines) + "\n"
         for mark, sessions in (("+", change.added), ("~", change.changed)):
             for session in sessions:
                 lines.extend(_session_lines(mark, session, self.wide))
@@ -321,6 +325,8 @@ def render_top(
             )
             name = ""
     lines = [head, ""]  # only the rows are cut: the heading's generation stays whole
+    if said := unsettled(snapshot.discovery, snapshot.gaps):  # it lists nothing: no table
+        return "\n".join([*lines, *said])
     lines.extend(cut(line, width) for line in _aligned(rows, frozenset({1, 3, 4, 5})))
     if len(rows) == 1:
         lines.append("no active sessions")
