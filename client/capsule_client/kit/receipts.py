@@ -178,9 +178,15 @@ def _decode(decoder: msgspec.json.Decoder[_T], data: bytes, what: str) -> _T:
 
 
 def _check(receipt: ProviderClientReceipt | ExecReceipt) -> None:
-    if receipt.schema_version != SCHEMA_VERSION:
+    version = receipt.schema_version
+    if version != SCHEMA_VERSION:
+        newer = (
+            ": newer than this capsuled reads, a newer runtime wrote it; upgrade capsuled"
+            if version > SCHEMA_VERSION
+            else ""
+        )
         raise ReceiptError(
-            f"unsupported schema_version {receipt.schema_version} (expected {SCHEMA_VERSION})"
+            f"unsupported schema_version {version} (expected {SCHEMA_VERSION}){newer}"
         )
     if (receipt.boot_id is None) != (receipt.start_ticks is None):
         raise ReceiptError(

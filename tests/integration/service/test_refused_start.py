@@ -18,6 +18,8 @@ from benchmarks.daemon import DaemonProcess
 from capsuled.rpc import sockets
 from capsuled.startup_errors import ServiceError
 
+CAPSULED = (sys.executable, "-m", "capsuled")
+
 
 @pytest.fixture
 def tmp() -> Iterator[Path]:
@@ -37,8 +39,7 @@ def listing(path: Path) -> dict[str, str]:
 
 def capsuled(home: Path, sock: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "capsuled", "--home", str(home), "--socket", str(sock)]
-        + ["--log-format", "json"],
+        [*CAPSULED, "--home", str(home), "--socket", str(sock), "--log-format", "json"],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
