@@ -102,7 +102,10 @@ class AsyncClient(BaseClient):
                             return result
             except TimeoutError as exc:
                 await self._disconnect()
-                raise RequestTimeout(f"no reply to {call.method} from {self.socket_path}") from exc
+                raise RequestTimeout(
+                    f"no reply to {call.method} from {self.socket_path} within "
+                    f"{self._core.timeout_for(call):g} s"
+                ) from exc
             except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
                 await self._disconnect()
                 raise ConnectionLost(

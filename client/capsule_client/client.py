@@ -100,7 +100,10 @@ class Client(BaseClient):
                     return result
         except TimeoutError as exc:
             self._disconnect()
-            raise RequestTimeout(f"no reply to {call.method} from {self.socket_path}") from exc
+            raise RequestTimeout(
+                f"no reply to {call.method} from {self.socket_path} within "
+                f"{self._core.timeout_for(call):g} s"
+            ) from exc
         except OSError as exc:
             self._disconnect()
             raise ConnectionLost(f"lost the connection to {self.socket_path}: {exc}") from exc

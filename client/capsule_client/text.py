@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["command_line", "duration", "inert", "one_line", "unsettled"]
+__all__ = ["argv_of", "command_line", "command_text", "duration", "inert", "one_line", "unsettled"]
 
 #: Characters a terminal would act on (C0, DEL, C1), Unicode line and
 #: paragraph separators, and the bidi marks, embeddings, overrides and
@@ -78,6 +78,21 @@ def command_line(argv: object) -> str | None:
     if not isinstance(argv, list) or not argv:
         return None
     return shlex.join(argv)
+
+
+def argv_of(cmdline: bytes) -> list[str]:
+    """An argv from the NUL-separated bytes of ``/proc/<pid>/cmdline``, read as the daemon
+    reads it (docs/design.md §5 "What each process is"): bytes that are not UTF-8 are
+    written ``\\xNN`` (``backslashreplace``), as ``ps`` escapes what it cannot print."""
+    return [part.decode("utf-8", "backslashreplace") for part in cmdline.split(b"\0")]
+
+
+def command_text(argv: object) -> str | None:
+    """A process's command line as people and models are shown it: :func:`command_line`
+    made :func:`inert`, so ``\\xff`` (a byte that is not UTF-8, as the daemon spells it)
+    reads ``\\xff`` wherever it is shown; None where there is none."""
+    line = command_line(argv)
+    return None if line is None else inert(line)
 
 
 def unsettled(discovery: str, gaps: Sequence[str]) -> list[str]:

@@ -62,6 +62,11 @@ def test_without_the_extra_capsulectl_mcp_says_how_to_install_it_and_exits_2() -
     done = run(code)
     assert done.returncode == 2, done.stderr
     assert "`capsulectl mcp` needs the MCP SDK" in done.stderr
-    assert "pip install 'capsuled[mcp]'" in done.stderr
+    # capsuled is installed from a checkout or a wheel, not from an index: no
+    # `pip install 'capsuled[mcp]'`, which would fail (tests/packaging try each way).
+    assert "pipx inject capsuled mcp" in done.stderr
+    assert "pipx install --force '.[mcp]'" in done.stderr
+    assert "pip install -e '.[mcp]'" in done.stderr
+    assert "capsuled[mcp]" not in done.stderr
     assert "Traceback" not in done.stderr
     assert done.stdout == ""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..wire.constants import DEFAULT_TIMEOUT_S, VERSION
+from ..wire.constants import VERSION
 from .exits import EXIT_NOT_RUNNING, EXIT_OK, EXIT_REMOTE_ERROR, EXIT_USAGE
 
 # Annotations only: ``capsulectl --version`` does not import ``typing`` (docs/design.md §9).
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..errors import DaemonNotRunning
 
-__all__ = ["main"]
+__all__ = ["main", "not_answering"]
 
 
 def _lock_holder(socket_path: Path) -> int | None:
@@ -66,14 +66,15 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if argv == ["--version"]:  # as argparse prints it, without loading argparse
         print(f"capsulectl {VERSION}")
         return EXIT_OK
-    from .parser import parse
+    from .parser import COMMANDS, parse
 
     args = parse(argv)
     if isinstance(args, int):
         return args
-    options: dict[str, Any] = {"socket": None, "json": False, "timeout": DEFAULT_TIMEOUT_S}
+    timeout_s = COMMANDS[args.command].timeout_s
+    options: dict[str, Any] = {"socket": None, "json": False, "timeout": timeout_s}
     options.update({k: v for k, v in vars(args).items() if k in options})
-    args.json = options["json"]
+    args.json, args.timeout = options["json"], options["timeout"]
     return _dispatch(args, options, out)
 
 
@@ -101,7 +102,7 @@ def _dispatch(args: argparse.Namespace, options: dict[str, Any], out: TextIO) ->
         code: int = command.run(args, socket_path)
         return code
     from ..client import Client
-    from ..errors import CapsuleError, DaemonNotRunning, RemoteError
+    from ..errors import CapsuleError, DaemonNotRunning, RemoteError, RequestTimeout
     from .render.output import quiet_stdout
 
     try:
@@ -114,12 +115,24 @@ def _dispatch(args: argparse.Namespace, options: dict[str, Any], out: TextIO) ->
         return EXIT_OK
     except DaemonNotRunning as exc:
         return _not_running(exc)
+    except RequestTimeout as exc:
+        print(f"capsulectl: {not_answering(exc)}", file=sys.stderr)
+        return EXIT_REMOTE_ERROR
     except RemoteError as exc:
         print(f"capsulectl: the daemon answered error {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_REMOTE_ERROR
     except CapsuleError as exc:
         print(f"capsulectl: {exc}", file=sys.stderr)
         return EXIT_REMOTE_ERROR
+
+
+def not_answering(exc: Exception) -> str:
+    """What to say of a daemon that took the connection but did not answer in time."""
+    return (
+        f"capsuled is running but not answering: {exc}. It took the connection, so it is "
+        "there, but stuck or very busy: its log says why (`journalctl --user -u capsuled`, "
+        "or the terminal it runs in); a longer --timeout waits longer"
+    )
 
 
 def _not_running(exc: DaemonNotRunning) -> int:

@@ -40,8 +40,10 @@ def run(args: argparse.Namespace, socket_path: Path) -> int:
         if (exc.name or "").startswith("capsule_client"):
             raise
         print(
-            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}). Install the extra: "
-            "`pip install 'capsuled[mcp]'` (with pipx: `pipx inject capsuled mcp`).",
+            f"capsulectl: `capsulectl mcp` needs the MCP SDK ({exc}), the extra `mcp`. "
+            "Installed with pipx: `pipx inject capsuled mcp` (or, in the checkout it was "
+            "installed from, `pipx install --force '.[mcp]'`); in a virtual environment "
+            "from a checkout: `pip install -e '.[mcp]'` (docs/install.md).",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -32,13 +32,17 @@ class Command:
         connects: False for a command that runs without a connected client (it
             connects, or goes on, itself): its ``run`` is given the arguments and
             the socket.
+        timeout_s: its ``--timeout`` unless one is given.
     """
 
-    __slots__ = ("connects", "help")
+    __slots__ = ("connects", "help", "timeout_s")
 
-    def __init__(self, help: str, *, connects: bool = True) -> None:
+    def __init__(
+        self, help: str, *, connects: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
         self.help = help
         self.connects = connects
+        self.timeout_s = timeout_s
 
 
 #: Every command, in the order ``--help`` lists them. A new command is a module of
@@ -66,6 +70,7 @@ COMMANDS: Final[dict[str, Command]] = {
     "run": Command(
         "run CMD as a session nothing it starts escapes; report what it left at its exit",
         connects=False,
+        timeout_s=10.0,  # its ping at start and its look at CMD's exit (docs/design.md §10)
     ),
     "mcp": Command(
         "an MCP server on stdio: an agent's tools to see (and, with --allow-terminate, "
@@ -105,8 +110,9 @@ def _socket_path(text: str) -> str:
     return text
 
 
-def _common() -> argparse.ArgumentParser:
-    """The options every command takes, before or after its name."""
+def _common(timeout_s: float = DEFAULT_TIMEOUT_S) -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name (``timeout_s``: the
+    command's own ``--timeout`` default)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--socket",
@@ -128,8 +134,7 @@ def _common() -> argparse.ArgumentParser:
         metavar="S",
         type=_timeout_s,
         default=argparse.SUPPRESS,
-        help=f"seconds to wait for a reply, at most {TIMEOUT_MAX_S:g} "
-        f"(default: {DEFAULT_TIMEOUT_S:g})",
+        help=f"seconds to wait for a reply, at most {TIMEOUT_MAX_S:g} (default: {timeout_s:g})",
     )
     return common
 
@@ -156,7 +161,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS if command is None else (command,):
         text = COMMANDS[name].help
-        subparser = sub.add_parser(name, parents=[common], help=text, description=text)
+        subparser = sub.add_parser(
+            name, parents=[_common(COMMANDS[name].timeout_s)], help=text, description=text
+        )
         if command is not None:
             arguments = getattr(command_module(name), "arguments", None)
             if arguments is not None:

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Final
 
 from ..client import Client
-from ..errors import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession
+from ..errors import CapsuleError, DaemonNotRunning, InvalidParams, NoSuchSession, RequestTimeout
 from ..kit.launch import Launch, Terminal, exit_code, make_subreaper
 from ..kit.launcher import new_session_id, register_launcher, release_launcher
 from ..kit.paths import default_home
 from ..kit.store import StoreVersionError
-from ..text import command_line, duration, one_line
+from ..text import argv_of, command_text, duration, one_line
 from ..wire import SessionProcess
 from .exits import EXIT_USAGE
+from .main import not_answering
 from .options import DEFAULT_GRACE_S, grace_s
 
 __all__ = ["arguments", "process_command_line", "render_leftovers", "run"]
@@ -32,9 +33,6 @@ __all__ = ["arguments", "process_command_line", "render_leftovers", "run"]
 EXIT_REGISTER: Final = 1
 EXIT_NOT_EXECUTABLE: Final = 126
 EXIT_NOT_FOUND: Final = 127
-#: The daemon's answer to the launcher's questions (a ping, the look at exit), seconds,
-#: unless ``--timeout`` says otherwise.
-LOOK_TIMEOUT_S: Final = 10.0
 
 EPILOG: Final = """\
 CMD runs with the same terminal, its own process group in the foreground, and
@@ -105,12 +103,13 @@ def run(args: argparse.Namespace, socket_path: Path) -> int:
     except (OSError, sqlite3.Error, StoreVersionError) as exc:
         _say(f"cannot register session {one_line(session_id)} in {home}: {exc}")
         return EXIT_REGISTER
-    daemon = _ping(socket_path, getattr(args, "timeout", LOOK_TIMEOUT_S))
-    if not daemon:
+    why = _unreachable(socket_path, args.timeout)  # 10 s unless --timeout (the command table)
+    if why is not None:
         _say(
-            f"capsuled is not running on {socket_path}: the command runs, but nothing "
-            "looks at its processes and there is no report at its exit"
+            f"{why}: the command runs, but nothing looks at its processes and there is "
+            "no report at its exit"
         )
+    daemon = why is None
     why = make_subreaper()
     if why is not None:
         _say(f"{why}: processes the command leaves behind may escape the session")
@@ -134,13 +133,18 @@ def run(args: argparse.Namespace, socket_path: Path) -> int:
         launch.close()
 
 
-def _ping(socket_path: Path, timeout_s: float) -> bool:
+def _unreachable(socket_path: Path, timeout_s: float) -> str | None:
+    """None when the daemon answers a ping; else why it does not, to say."""
     try:
         with Client(socket_path, timeout_s=timeout_s) as client:
             client.ping()
-    except CapsuleError:
-        return False
-    return True
+    except DaemonNotRunning:
+        return f"capsuled is not running on {socket_path}"
+    except RequestTimeout as exc:
+        return not_answering(exc)
+    except CapsuleError as exc:
+        return f"capsuled on {socket_path} could not be asked ({exc})"
+    return None
 
 
 def _at_exit(
@@ -153,8 +157,7 @@ def _at_exit(
 ) -> None:
     """One more look; the report, or ``--terminate-on-exit``, or ``--wait``."""
     try:
-        timeout_s = getattr(args, "timeout", LOOK_TIMEOUT_S)
-        with Client(socket_path, timeout_s=timeout_s) as client:
+        with Client(socket_path, timeout_s=args.timeout) as client:
             left = _leftovers(client, session_id, launcher[0])
             if not left:
                 return
@@ -208,19 +211,20 @@ def _terminate(client: Client, session_id: str, grace_s: float) -> None:
 
 
 def process_command_line(process: SessionProcess) -> str:
-    """The process's argv as the daemon read it (``commands: true``), else as
-    ``/proc/<pid>/cmdline`` says now, else what its receipt says, else ``?``."""
-    line = command_line(process.command)
+    """The process's command line as ``capsulectl sessions`` shows it (made inert): its
+    argv as the daemon read it (``commands: true``), else as ``/proc/<pid>/cmdline``
+    says now (read as the daemon reads it), else what its receipt says, else ``?``."""
+    line = command_text(process.command)
     if line is None:
         try:
             raw = Path(f"/proc/{process.pid}/cmdline").read_bytes().rstrip(b"\0")
         except OSError:
             raw = b""
-        line = command_line([os.fsdecode(part) for part in raw.split(b"\0")] if raw else None)
+        line = command_text(argv_of(raw) if raw else None)
     if line is not None:
         return line
     if isinstance(process.receipt_command, str):
-        return process.receipt_command
+        return one_line(process.receipt_command)
     return "?"
 
 
@@ -234,7 +238,5 @@ def render_leftovers(session_id: str, processes: list[SessionProcess], now_s: fl
     width = max(len(str(p.pid)) for p in processes)
     for process in sorted(processes, key=lambda p: p.pid):
         age = duration(max(now_s - process.started_at, 0.0))
-        lines.append(
-            f"  {process.pid:>{width}}  {age:>5}  {one_line(process_command_line(process))}"
-        )
+        lines.append(f"  {process.pid:>{width}}  {age:>5}  {process_command_line(process)}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import Final
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
-from ..text import command_line, duration, one_line, unsettled
+from ..text import command_line, duration, inert, one_line, unsettled
 from ..wire import (
     ActiveSessionsSnapshot,
     ProcessKind,
@@ -242,7 +242,7 @@ def terminate_result(report: TerminateReport) -> TerminateResult:
 
 def _process_line(process: ProcessInfo) -> str:
     if process.command is not None:
-        what = one_line(process.command)
+        what = inert(process.command)  # a command line, as capsulectl shows it (text.py)
     elif process.receipt_command is not None:
         what = one_line(process.receipt_command) + " (as its receipt says)"
     else:
@@ -347,7 +347,7 @@ def terminate_text(result: TerminateResult) -> str:
         f"{result.duration_ms} ms — " + ", ".join(parts) + "."
     ]
     for process in result.processes:
-        command = one_line(process.command or "(command unknown)")
+        command = inert(process.command) if process.command else "(command unknown)"
         if process.outcome == "refused":
             error = one_line(process.error or "no reason given")
             lines.append(f"- pid {process.pid}: {command} was not stopped: {error}")

@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, TextIO, TypeVar
 
 from msgspec import UnsetType
 
-from ...text import command_line, inert, one_line
+from ...text import command_text, one_line
 
 __all__ = [
     "Row",
@@ -121,8 +121,8 @@ def shown(row: Row, fallback: str = "") -> str:
         mark = "[parent exited] "
     else:
         mark = f"[parent {row.lost_parent} exited] "
-    line = command_line(row.process.command)
-    return indent(row.depth) + mark + (one_line(fallback) if line is None else inert(line))
+    line = command_text(row.process.command)
+    return indent(row.depth) + mark + (one_line(fallback) if line is None else line)
 
 
 def cut(line: str, width: int | None) -> str:
