@@ -30,6 +30,7 @@ from typing import Final
 
 from ..kit.paths import default_home, lock_path_for
 from .exits import EXIT_OK, EXIT_REMOTE_ERROR
+from .render.output import quiet_stdout
 from .service_files import (
     LAUNCHD_LABEL,
     SERVICE_UNIT,
@@ -97,9 +98,16 @@ class _Steps:
 
     def __init__(self, dry_run: bool) -> None:
         self.dry_run = dry_run
+        self.heard = True  # until the reader of stdout leaves (`| head`): then steps go on
 
     def say(self, text: str) -> None:
-        print(text, flush=True)
+        if not self.heard:
+            return
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            self.heard = False
+            quiet_stdout(sys.stdout)
 
     def write(self, file: ServiceFile, state: FileState) -> None:
         if state is FileState.SAME:
