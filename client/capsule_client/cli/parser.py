@@ -33,16 +33,24 @@ class Command:
             connects, or goes on, itself): its ``run`` is given the arguments and
             the socket.
         timeout_s: its ``--timeout`` unless one is given.
+        asks: False for a command that never asks the daemon (``service``): a socket
+            path too long to connect to is no usage error for it.
     """
 
-    __slots__ = ("connects", "help", "timeout_s")
+    __slots__ = ("asks", "connects", "help", "timeout_s")
 
     def __init__(
-        self, help: str, *, connects: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        help: str,
+        *,
+        connects: bool = True,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        asks: bool = True,
     ) -> None:
         self.help = help
         self.connects = connects
         self.timeout_s = timeout_s
+        self.asks = asks
 
 
 #: Every command, in the order ``--help`` lists them. A new command is a module of
@@ -81,6 +89,7 @@ COMMANDS: Final[dict[str, Command]] = {
         "install (or uninstall) capsuled as your service: systemd user units, or a "
         "launchd agent on macOS",
         connects=False,
+        asks=False,
     ),
 }
 

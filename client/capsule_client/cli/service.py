@@ -180,6 +180,9 @@ def run(args: argparse.Namespace, socket_path: Path) -> int:
     except _Failed as exc:
         _err(str(exc))
         return EXIT_FAILED
+    except OSError as exc:  # a file that could not be written or removed
+        _err(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
+        return EXIT_FAILED
 
 
 def _capsuled() -> Path:

@@ -289,3 +289,16 @@ def test_a_link_in_a_units_place_is_not_capsulectls(tmp_path: Path) -> None:
     socket_unit.path.symlink_to(ROOT / "systemd" / "capsuled.socket")
     assert state_of(socket_unit.path, socket_unit.text) is FileState.FOREIGN
     assert state_of(tmp_path / "missing", "") is FileState.MISSING
+
+
+@needs_systemctl
+def test_a_home_too_long_for_a_socket_is_no_matter_to_service(env: dict[str, str]) -> None:
+    """``service`` asks no daemon: the socket's path in a deep home is not a usage error."""
+    deep = Path(env["HOME"]) / ("d" * 100)
+    deep.mkdir()
+    done = service({**env, "HOME": str(deep)}, "install", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [str(CAPSULECTL), "ping"], env={**env, "HOME": str(deep)}, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "longer than the 107 bytes" in done.stderr  # ping asks
