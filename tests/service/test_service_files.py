@@ -161,7 +161,7 @@ def test_launch_agent_is_a_valid_plist_that_restarts_on_crash() -> None:
 
 
 def test_launch_agent_paths_are_absolute_once_installed() -> None:
-    """The install step of docs/service.md substitutes @HOME@; every path must then be absolute."""
+    """`capsulectl service install` substitutes @HOME@; every path must then be absolute."""
     home = "/Users/someone"
     installed = plistlib.loads(PLIST.read_bytes().replace(b"@HOME@", home.encode()))
     paths = [
@@ -172,5 +172,8 @@ def test_launch_agent_paths_are_absolute_once_installed() -> None:
     ]
     assert all(p.startswith("/") and "@" not in p for p in paths), paths
     assert installed["EnvironmentVariables"]["PATH"].startswith(f"{home}/.local/bin:")
-    docs = (ROOT / "docs" / "service.md").read_text()
-    assert "s|@HOME@|$HOME|g" in docs
+    from capsule_client.cli.service_files import launch_agent
+
+    written = launch_agent(Path("/opt/bin/capsuled"), Path(home)).text
+    assert "@HOME@" not in written
+    assert plistlib.loads(written.encode())["StandardOutPath"] == installed["StandardOutPath"]
