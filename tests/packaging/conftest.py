@@ -4,6 +4,8 @@ from it once per run (tests/packaging/installs.py has the rest)."""
 from __future__ import annotations
 
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,3 +24,10 @@ def built(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
     done = run([sys.executable, "-m", "build", "--outdir", str(dist), str(checkout)])
     assert done.returncode == 0, done.stdout[-5000:]
     return dist, done.stdout
+
+
+@pytest.fixture
+def short_home() -> Iterator[Path]:
+    """A user's home with a short path: the default socket, in it, must fit 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix="caph", dir="/tmp") as name:
+        yield Path(name)

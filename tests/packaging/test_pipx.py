@@ -21,12 +21,13 @@ from capsule_client.wire.constants import VERSION
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def pipx_env(tmp_path: Path) -> dict[str, str]:
+def pipx_env(tmp_path: Path, home: Path) -> dict[str, str]:
+    """pipx's directories in ``tmp_path``; ``home`` short, as the default socket is in it."""
     return clean_env(
         PIPX_HOME=str(tmp_path / "pipx"),
         PIPX_BIN_DIR=str(tmp_path / "bin"),
         PIPX_MAN_DIR=str(tmp_path / "man"),
-        HOME=str(tmp_path / "user"),
+        HOME=str(home),
     )
 
 
@@ -62,9 +63,9 @@ def initialize(capsulectl: Path, env: dict[str, str]) -> dict[str, object]:
 
 
 def test_pipx_install_from_a_checkout_then_the_mcp_extra_then_uninstall(
-    checkout: Path, tmp_path: Path
+    checkout: Path, tmp_path: Path, short_home: Path
 ) -> None:
-    env = pipx_env(tmp_path)
+    env = pipx_env(tmp_path, short_home)
     bin_dir = tmp_path / "bin"
     pipx(env, "install", ".", cwd=checkout)  # as docs/install.md says, in the checkout
     assert sorted(path.name for path in bin_dir.iterdir()) == ["capsulectl", "capsuled"]
