@@ -16,12 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.doc_blocks import marked_blocks
 from installs import ROOT, clean_env
-
-try:  # the docs' markers and the parser of their blocks
-    from helpers.doc_blocks import marked_blocks
-except ImportError:
-    from doc_blocks import marked_blocks
 
 #: Building and installing from an index take minutes on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
