@@ -72,6 +72,15 @@ COMMANDS: Final[dict[str, Command]] = {
         "stop) what its session runs; needs the extra capsuled[mcp]",
         connects=False,
     ),
+    "hook": Command(
+        "record one hook event of an agent (claude-code), read on stdin; always exits 0",
+        connects=False,
+    ),
+    "integrate": Command(
+        "register capsuled's hooks and MCP server in an agent's settings (claude-code), "
+        "or --remove them",
+        connects=False,
+    ),
 }
 
 #: The longest ``--timeout``: a day (a socket timeout past about 9e9 s cannot be set at all).
