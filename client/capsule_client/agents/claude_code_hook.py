@@ -305,8 +305,10 @@ def _session_start(
 
 
 def _reason(exc: BaseException) -> str:
+    """Why a step failed: the error's words, with its class where they are not enough."""
     text = str(exc) or exc.__class__.__name__
-    return text if isinstance(exc, OSError | LookupError) else f"{exc.__class__.__name__}: {text}"
+    known = isinstance(exc, OSError | LookupError) or exc.__class__.__module__ == "sqlite3"
+    return text if known else f"{exc.__class__.__name__}: {text}"
 
 
 def agent_process(env: Mapping[str, str]) -> int:

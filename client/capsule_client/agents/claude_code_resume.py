@@ -135,7 +135,7 @@ def _work_now(work: LostWork, processes: list[SessionProcess], observed_at: floa
     name = one_line(work.work_id)
     if not found:
         return (
-            f"- {name}: no process of this session runs it now: it has ended, and how "
+            f"- {name} has ended: no process of this session runs it now; how it ended "
             "(exit status, output) is not known."
         )
     running = ", ".join(
@@ -145,7 +145,7 @@ def _work_now(work: LostWork, processes: list[SessionProcess], observed_at: floa
     )
     pids = " ".join(str(p.pid) for p in found)
     return (
-        f"- {name}: STILL RUNNING, as {running}. It has not stopped, whatever Claude Code "
+        f"- {name} is STILL RUNNING, as {running}. It has not stopped, whatever Claude Code "
         f"said of it. To stop it: `kill {pids}`."
     )
 
