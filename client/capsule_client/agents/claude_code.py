@@ -23,6 +23,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Final
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "SESSION_PREFIX",
     "HookEvent",
     "records",
+    "runs_background_command",
     "session_name",
 ]
 
@@ -107,3 +109,11 @@ def records(event: object) -> bool:
         and isinstance(tool_input, dict)
         and tool_input.get("run_in_background") is True
     )
+
+
+def runs_background_command(argv: Sequence[str], command: str) -> bool:
+    """Whether ``argv`` is the shell a background ``Bash`` runs ``command`` in: Claude Code
+    runs it as ``SHELL -c '… eval 'COMMAND' < /dev/null …'``, the command always
+    single-quoted, each ``'`` in it written ``'"'"'`` (tests/claude_code/FINDINGS.md §6)."""
+    quoted = "eval '" + command.replace("'", "'\"'\"'") + "'"
+    return len(argv) >= 3 and argv[1] == "-c" and quoted in argv[2]

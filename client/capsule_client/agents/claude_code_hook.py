@@ -55,7 +55,7 @@ from ..kit.trace import (
     new_task_id,
     now_ms,
 )
-from .claude_code import session_name
+from .claude_code import runs_background_command, session_name
 from .claude_code_events import (
     BashInput,
     BashResponse,
@@ -461,12 +461,11 @@ def background_shell(env: Mapping[str, str], command: str) -> str:
     a child of the agent whose argv is ``SHELL -c '… eval 'COMMAND' …'`` (as Claude Code
     quotes it); :data:`FALLBACK_SHELL` when none is found (it has ended already, or the
     table cannot be read)."""
-    quoted = "eval '" + command.replace("'", "'\\''") + "'"
     try:
         agent = agent_process(env)
         for child in _children(agent):
             argv = _argv(child)
-            if len(argv) >= 3 and argv[1] == "-c" and quoted in argv[2]:
+            if runs_background_command(argv, command):
                 return argv[0]
     except (OSError, LookupError, ValueError):
         pass

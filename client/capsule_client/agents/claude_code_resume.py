@@ -34,6 +34,7 @@ from ..client import Client
 from ..errors import CapsuleError, NoSuchTrace
 from ..text import command_line, duration, one_line
 from ..wire import ActiveSessionsSnapshot, LostReport, LostWork, SessionProcess
+from .claude_code import runs_background_command
 
 if TYPE_CHECKING:
     from .claude_code_hook import HookOutcome, Places
@@ -48,6 +49,8 @@ __all__ = [
 
 #: Seconds the hook waits for each answer of the daemon (the reconcile, then the look).
 DAEMON_TIMEOUT_S: Final = 10.0
+#: The longest command line the report shows of a process, characters.
+COMMAND_MAX_CHARS: Final = 200
 
 _report: Final = msgspec.json.Decoder(LostReport | None)
 
@@ -139,7 +142,7 @@ def _work_now(work: LostWork, processes: list[SessionProcess], observed_at: floa
             "(exit status, output) is not known."
         )
     running = ", ".join(
-        f"pid {p.pid} ({one_line(command_line(p.command) or '?')}, running for "
+        f"pid {p.pid} ({_shown(p, work.command)}, running for "
         f"{duration(observed_at - p.started_at)})"
         for p in found
     )
@@ -150,20 +153,30 @@ def _work_now(work: LostWork, processes: list[SessionProcess], observed_at: floa
     )
 
 
+def _shown(process: SessionProcess, command: str) -> str:
+    """A process as the report names it: the shell Claude Code runs a command in by its
+    binary (its script is long and says nothing the command does not), others by their
+    command line, cut at :data:`COMMAND_MAX_CHARS`."""
+    if _runs_in_shell(process, command):
+        assert isinstance(process.command, list)
+        return f"{one_line(process.command[0])} -c …, the shell it runs in"
+    line = command_line(process.command) or "command line unknown"
+    if len(line) > COMMAND_MAX_CHARS:
+        line = line[: COMMAND_MAX_CHARS - 1] + "…"
+    return one_line(line)
+
+
+def _runs_in_shell(process: SessionProcess, command: str) -> bool:
+    argv = process.command
+    return isinstance(argv, list) and runs_background_command(argv, command)
+
+
 def matching_processes(command: str, processes: list[SessionProcess]) -> list[SessionProcess]:
     """The session's processes that run ``command``: the shell a background ``Bash`` ran
     it under (argv ``SHELL -c '… eval 'COMMAND' …'``, as Claude Code quotes it) with every
     listed process below it, oldest first; failing that, a process whose argv, joined by
     spaces, is the command itself."""
-    quoted = "eval '" + command.replace("'", "'\\''") + "'"
-    shells = [
-        p
-        for p in processes
-        if isinstance(p.command, list)
-        and len(p.command) >= 3
-        and p.command[1] == "-c"
-        and quoted in p.command[2]
-    ]
+    shells = [p for p in processes if _runs_in_shell(p, command)]
     if not shells:
         return [
             p for p in processes if isinstance(p.command, list) and " ".join(p.command) == command
