@@ -90,8 +90,12 @@ def run_hook(agent: str, socket_path: Path | None = None) -> int:
         record["event"] = event.get("hook_event_name")
         if wanted:
             output = _record(str(record["event"]), data, socket_path, record, problems)
-    except Exception as exc:  # the input, or the hook itself: said, never passed on
-        problems.append(_refused(exc))
+    except json.JSONDecodeError as exc:
+        problems.append(f"the input is not JSON ({exc}): nothing recorded")
+    except ValueError as exc:  # not an object, too long, not UTF-8
+        problems.append(f"{exc}: nothing recorded")
+    except Exception as exc:  # the hook itself: said, never passed on to the agent
+        problems.append(f"{exc.__class__.__name__}: {exc} (nothing more recorded)")
     if output is not None:
         try:
             sys.stdout.write(output)
@@ -128,15 +132,6 @@ def _record(
     record["did"] = outcome.did
     problems.extend(outcome.problems)
     return outcome.output
-
-
-def _refused(exc: Exception) -> str:
-    """One clause for what stopped the hook."""
-    if isinstance(exc, ValueError) and exc.__class__.__name__ == "JSONDecodeError":
-        return f"the input is not JSON ({exc}): nothing recorded"
-    if isinstance(exc, ValueError | UnicodeError):
-        return f"{exc}: nothing recorded"
-    return f"{exc.__class__.__name__}: {exc} (nothing more recorded)"
 
 
 def _log(record: dict[str, Any]) -> None:
