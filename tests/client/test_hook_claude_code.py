@@ -512,3 +512,21 @@ def test_a_command_that_finished_while_the_session_ran_is_not_reported(
 
     assert done.stdout == "" and done.stderr == ""
     assert "shell_lost" not in kinds(home)
+
+
+def test_options_before_hook_go_through_the_parser_and_are_honoured(
+    served: DaemonProcess, tmp_path: Path
+) -> None:
+    """``capsulectl --socket S hook claude-code``: the socket given, not the environment's."""
+    home = served.home
+    run_hook(home, start(), socket=served.socket_path)
+    run_hook(home, background("sleep 800", "bsock"), socket=served.socket_path)
+    argv = [*HOOK[:3], "--socket", str(served.socket_path), *HOOK[3:]]
+
+    done = run_hook(home, start("resume"), socket=tmp_path / "nobody.sock", argv=argv)
+
+    assert "- bsock has ended" in context_of(done)
+    help_text = subprocess.run(
+        [*HOOK[:4], "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert help_text.startswith("usage: capsulectl hook") and "claude-code" in help_text
