@@ -530,3 +530,13 @@ def test_options_before_hook_go_through_the_parser_and_are_honoured(
         [*HOOK[:4], "--help"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert help_text.startswith("usage: capsulectl hook") and "claude-code" in help_text
+
+
+def test_a_socket_path_too_long_is_no_usage_error_for_the_hook(home: Path) -> None:
+    """The hook fails open even through the parser: the resume is not reconciled, said."""
+    argv = [*HOOK[:3], "--socket", "/tmp/" + "x" * 120, *HOOK[3:]]
+
+    done = run_hook(home, start("resume"), argv=argv)
+
+    assert "not reconciled (the next resume will be)" in done.stderr
+    assert kinds(home) == ["session_start"]

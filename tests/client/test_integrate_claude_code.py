@@ -34,6 +34,8 @@ def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     project.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    for variable in ("CAPSULED_SOCKET", "CAPSULE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(variable, raising=False)  # the socket is the home's, whatever it is
     monkeypatch.chdir(project)
     return home
 
@@ -378,3 +380,21 @@ def test_without_the_mcp_sdk_it_registers_the_hooks_and_says_how_to_add_the_serv
     assert "pipx inject capsuled mcp" in done.stdout
     assert (user / ".claude" / "settings.json").is_file()
     assert not (user / ".claude.json").exists()
+
+
+def test_a_home_too_deep_for_a_socket_does_not_matter_to_integrate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """integrate connects to nothing: a default socket path too long for a Unix socket
+    (a deep HOME) is no usage error for it."""
+    home = tmp_path / ("deep" * 30) / "home"
+    home.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for variable in ("CAPSULED_SOCKET", "CAPSULE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    code, _, err = integrate(capsys)
+
+    assert code == 0, err
+    assert_hooks(read(home / ".claude" / "settings.json"))

@@ -87,16 +87,17 @@ def _dispatch(args: argparse.Namespace, options: dict[str, Any], out: TextIO) ->
     from pathlib import Path
 
     from ..kit.paths import MAX_SOCKET_PATH_BYTES, default_socket
+    from .parser import COMMANDS, command_module
 
     socket_path = default_socket() if options["socket"] is None else Path(options["socket"])
-    if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES:
+    too_long = len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES
+    if too_long and COMMANDS[args.command].checks_socket:
         print(
             f"capsulectl: socket path {socket_path} is longer than the {MAX_SOCKET_PATH_BYTES} "
             "bytes a Unix socket allows; choose a shorter --socket or $CAPSULED_SOCKET",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    from .parser import COMMANDS, command_module
 
     command = command_module(args.command)
     if not COMMANDS[args.command].connects:

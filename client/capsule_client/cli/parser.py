@@ -32,13 +32,17 @@ class Command:
         connects: False for a command that runs without a connected client (it
             connects, or goes on, itself): its ``run`` is given the arguments and
             the socket.
+        checks_socket: False for a command a socket path too long for a Unix socket
+            must not stop: one that never connects (``integrate``), or one that must
+            go on without the daemon (``hook``, which fails open).
     """
 
-    __slots__ = ("connects", "help")
+    __slots__ = ("checks_socket", "connects", "help")
 
-    def __init__(self, help: str, *, connects: bool = True) -> None:
+    def __init__(self, help: str, *, connects: bool = True, checks_socket: bool = True) -> None:
         self.help = help
         self.connects = connects
+        self.checks_socket = checks_socket
 
 
 #: Every command, in the order ``--help`` lists them. A new command is a module of
@@ -75,11 +79,13 @@ COMMANDS: Final[dict[str, Command]] = {
     "hook": Command(
         "record one hook event of an agent (claude-code), read on stdin; always exits 0",
         connects=False,
+        checks_socket=False,
     ),
     "integrate": Command(
         "register capsuled's hooks and MCP server in an agent's settings (claude-code), "
         "or --remove them",
         connects=False,
+        checks_socket=False,
     ),
 }
 
