@@ -257,12 +257,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         number=20,
-        title="command start-up: capsulectl --version, sessions, run -- true, mcp",
+        title="command start-up: capsulectl --version, sessions, run -- true, hook, mcp",
         baseline="`python3 -I -c pass`, the system's python3, alternating with the commands",
         targets=(
             "capsulectl --version <= 2x python3 -I -c pass",
             "capsulectl sessions <= 5x python3 -I -c pass",
             "capsulectl run -- true <= 6x python3 -I -c pass",
+            "capsulectl hook claude-code recording nothing <= 3x python3 -I -c pass",
+            "capsulectl hook claude-code recording <= 6x python3 -I -c pass",
             "capsulectl mcp: spawn to the initialize reply",
         ),
         run=startup.run,

@@ -10,6 +10,10 @@ this interpreter, in rounds that alternate it with the baseline, a bare
   session of three processes, rendered as the table;
 - ``capsulectl run -- true``: the launcher's whole run with a daemon (a new
   session, its ping, its store rows, CMD, the look at CMD's exit);
+- ``capsulectl hook claude-code``, as Claude Code runs it after every ``Bash`` call:
+  a ``PostToolUse`` of a foreground command on stdin, which records nothing (the
+  common case), and one of a background command, which appends ``shell_detached``
+  to the session's trace;
 - ``capsulectl mcp``: from the spawn to the reply to an ``initialize``
   request written to its stdin (the MCP SDK's import is most of it); reported,
   not budgeted.
@@ -46,6 +50,33 @@ __all__ = ["run"]
 VERSION_BUDGET = 2.0
 SESSIONS_BUDGET = 5.0
 RUN_BUDGET = 6.0
+HOOK_QUIET_BUDGET = 3.0
+HOOK_RECORD_BUDGET = 6.0
+
+#: ``capsulectl hook claude-code``'s input: a ``PostToolUse`` of ``Bash`` as Claude Code
+#: sends it (tests/claude_code/FINDINGS.md §5), in the foreground or the background.
+HOOK_SESSION = "3f1c8a52-6d0e-4b7a-9c51-2e8f0a4d7b16"
+
+
+def _post_tool_use(background: bool, task: int) -> bytes:
+    tool_input: dict[str, object] = {"command": "npm test", "description": "Run the tests"}
+    response: dict[str, object] = {"stdout": "ok " * 300, "stderr": "", "interrupted": False}
+    if background:
+        tool_input["run_in_background"] = True
+        response = {"stdout": "", "stderr": "", "interrupted": False,
+                    "backgroundTaskId": f"bbench{task}"}  # fmt: skip
+    event = {
+        "session_id": HOOK_SESSION,
+        "transcript_path": f"/home/u/.claude/projects/-home-u-p/{HOOK_SESSION}.jsonl",
+        "cwd": "/home/u/p",
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Bash",
+        "tool_input": tool_input,
+        "tool_response": response,
+        "tool_use_id": f"toolu_{task}",
+    }
+    return json.dumps(event).encode()
+
 
 #: An MCP ``initialize`` request, as a host writes it to the server's stdin.
 INITIALIZE = (
@@ -87,13 +118,15 @@ def _capsulectl() -> str:
     return str(script)
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> float:
-    """Seconds from the spawn of ``argv`` to its exit (which must be 0)."""
+def _timed(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> float:
+    """Seconds from the spawn of ``argv`` (``stdin`` on its stdin) to its exit (which must
+    be 0)."""
     started = time.perf_counter()
     subprocess.run(
         argv,
         env=env,
-        stdin=subprocess.DEVNULL,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=True,
@@ -167,6 +200,10 @@ def run(ctx: Context) -> Outcome:
             _timed([capsulectl, "sessions"], env)  # the session is listed before timing
             _timed([capsulectl, "--version"], env)
             _timed([capsulectl, "run", "--", "true"], env)
+            hook = [capsulectl, "hook", "claude-code"]
+            tasks = iter(range(1_000_000))
+            _timed(hook, env, _post_tool_use(False, 0))
+            _timed(hook, env, _post_tool_use(True, next(tasks)))
             samples = _rounds(
                 rounds,
                 {
@@ -175,6 +212,8 @@ def run(ctx: Context) -> Outcome:
                     "--version": lambda: _timed([capsulectl, "--version"], env),
                     "sessions": lambda: _timed([capsulectl, "sessions"], env),
                     "run": lambda: _timed([capsulectl, "run", "--", "true"], env),
+                    "hook quiet": lambda: _timed(hook, env, _post_tool_use(False, 0)),
+                    "hook records": lambda: _timed(hook, env, _post_tool_use(True, next(tasks))),
                 },
             )
             mcp = _mcp_starts(capsulectl, env, starts)
@@ -190,7 +229,8 @@ def run(ctx: Context) -> Outcome:
 
     ctx.log(
         f"20: --version {ratio('--version'):.1f}x, sessions {ratio('sessions'):.1f}x, "
-        f"run -- true {ratio('run'):.1f}x python3 -I -c pass"
+        f"run -- true {ratio('run'):.1f}x, hook {ratio('hook quiet'):.1f}x / "
+        f"{ratio('hook records'):.1f}x python3 -I -c pass"
     )
     verdicts = [
         judge(
@@ -208,6 +248,17 @@ def run(ctx: Context) -> Outcome:
             measured("run"),
             ratio("run") <= RUN_BUDGET,
         ),
+        judge(
+            f"capsulectl hook claude-code recording nothing <= {HOOK_QUIET_BUDGET:g}x "
+            "python3 -I -c pass",
+            measured("hook quiet"),
+            ratio("hook quiet") <= HOOK_QUIET_BUDGET,
+        ),
+        judge(
+            f"capsulectl hook claude-code recording <= {HOOK_RECORD_BUDGET:g}x python3 -I -c pass",
+            measured("hook records"),
+            ratio("hook records") <= HOOK_RECORD_BUDGET,
+        ),
         _mcp_verdict(mcp, base),
     ]
     rows = [
@@ -218,6 +269,8 @@ def run(ctx: Context) -> Outcome:
             ("--version", "`capsulectl --version`"),
             ("sessions", "`capsulectl sessions`, one session of 3 processes"),
             ("run", "`capsulectl run -- true`, daemon running"),
+            ("hook quiet", "`capsulectl hook claude-code`: a foreground Bash, nothing recorded"),
+            ("hook records", "`capsulectl hook claude-code`: a background Bash, recorded"),
         )
     ]
     if mcp:
@@ -239,6 +292,10 @@ def run(ctx: Context) -> Outcome:
         "`sessions` asks a fresh snapshot with the command lines and prints the table; "
         "`run` makes a new session, registers it and its row in the store, pings the "
         "daemon, runs `true` and asks for one fresh look at its exit.",
+        "`hook` reads a `PostToolUse` of `Bash` on stdin (a 1 KB output for the foreground "
+        "command): the foreground one is decided with `json` alone and records nothing; "
+        "the background one is decoded with msgspec and appends `shell_detached` to the "
+        "session's trace under its lock (the trace grows by a line a run).",
         "`mcp`: the spawn, the import of the MCP SDK, and the reply to an `initialize` "
         f"request written to its stdin, {starts} starts; reported, not budgeted (an agent "
         "host starts it once per session).",

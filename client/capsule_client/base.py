@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Concatenate, Final, Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
@@ -201,12 +201,15 @@ def terminate(
     signal: TerminateSignal = "TERM",
     grace_s: float = DEFAULT_GRACE_MS / 1000,
     commands: bool = False,
+    spare: Iterable[tuple[int, int]] = (),
 ) -> Call[TerminateReport]:
     """``session.terminate`` (docs/design.md §7): signal every live process of the
     session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
 
     The call waits the grace out (the client's timeout is raised to cover it).
     ``commands``: each process in the report carries its ``command``.
+    ``spare``: (pid, start time in Unix seconds) of processes of the session not
+    to signal; the report lists them with the outcome ``spared`` (docs/design.md §11).
 
     Raises:
         NoSuchSession: the session is not active in the daemon's fresh observation.
@@ -220,6 +223,9 @@ def terminate(
     params: dict[str, Any] = {"session_id": session_id, "signal": signal, "grace_ms": grace_ms}
     if commands:
         params["commands"] = True
+    spared = [{"pid": pid, "started_at": started_at} for pid, started_at in spare]
+    if spared:
+        params["spare"] = spared
     wait_s = grace_ms / 1000 + _TERMINATE_ALLOWANCE_S
     return Call("session.terminate", params, TerminateReport, min_timeout_s=wait_s)
 

@@ -8,6 +8,7 @@ not on a stopwatch; the times are the benchmarks' (scenario 20).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,27 +50,30 @@ COMMANDS = {
         "terminate",
         "run",
         "mcp",
+        "hook",
+        "integrate",
     )
 }
 
 
-def imported(code: str, args: Sequence[str] = (), env: dict[str, str] | None = None) -> set[str]:
+def imported(
+    code: str, args: Sequence[str] = (), env: dict[str, str] | None = None, stdin: bytes = b""
+) -> set[str]:
     """The modules ``python -c CODE ARGS`` holds at its exit (which must be 0)."""
     done = subprocess.run(
         [sys.executable, "-c", AT_EXIT + code, *args],
         env=env,
-        stdin=subprocess.DEVNULL,
+        input=stdin,
         capture_output=True,
-        text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return set(done.stderr.rsplit(MARK + "\n", 1)[1].split())
+    return set(done.stderr.decode().rsplit(MARK + "\n", 1)[1].split())
 
 
-def capsulectl(*args: str, env: dict[str, str] | None = None) -> set[str]:
+def capsulectl(*args: str, env: dict[str, str] | None = None, stdin: bytes = b"") -> set[str]:
     """The modules a run of ``capsulectl ARGS`` imported beyond the interpreter's own."""
-    return imported(ENTRY_POINT, args, env) - imported("pass", (), env)
+    return imported(ENTRY_POINT, args, env, stdin) - imported("pass", (), env)
 
 
 def tops(modules: set[str]) -> set[str]:
@@ -155,3 +159,48 @@ def test_the_package_imports_its_names_when_first_asked_for() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.splitlines() == ["[]", "False True", "True"]
+
+
+#: A ``PostToolUse`` of a foreground ``Bash``, as Claude Code gives it: the common case.
+FOREGROUND = json.dumps(
+    {
+        "session_id": "3f1c8a52-6d0e-4b7a-9c51-2e8f0a4d7b16",
+        "cwd": "/home/u/project",
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "ls -la", "description": "List files"},
+        "tool_response": {"stdout": "total 0", "stderr": "", "interrupted": False},
+    }
+).encode()
+
+
+def test_a_hook_event_that_records_nothing_is_decided_with_the_standard_library(
+    session: dict[str, str],
+) -> None:
+    """docs/design.md §12: the common case loads json, and no msgspec, parser or store."""
+    modules = capsulectl("hook", "claude-code", env=session, stdin=FOREGROUND)
+
+    assert "json" in modules and "capsule_client.agents.claude_code" in modules
+    assert modules & COMMANDS == {"capsule_client.cli.hook"}
+    assert not modules & {"argparse", "msgspec", "sqlite3", "typing", "uuid_utils", "pathlib"}
+    assert not {m for m in modules if m.startswith("capsule_client.kit")}
+    assert not tops(modules) & (MCP_SDK | DAEMON_ONLY | {"anyio"})
+
+
+def test_a_hook_event_that_records_loads_msgspec_and_the_trace_but_no_store(
+    session: dict[str, str],
+) -> None:
+    """The check above can fail: a background Bash records, through the trace alone."""
+    detached = json.loads(FOREGROUND)
+    detached["tool_input"]["run_in_background"] = True
+    detached["tool_response"]["backgroundTaskId"] = "bimports1"
+
+    modules = capsulectl("hook", "claude-code", env=session, stdin=json.dumps(detached).encode())
+
+    assert {"msgspec", "capsule_client.kit.trace", "capsule_client.agents.claude_code_hook"} <= (
+        modules
+    )
+    assert modules & COMMANDS == {"capsule_client.cli.hook"}
+    assert not modules & {"argparse", "sqlite3", "capsule_client.kit.store"}
+    assert not tops(modules) & (MCP_SDK | DAEMON_ONLY | {"anyio"})
+    assert "capsule_client.client" not in modules  # no daemon asked

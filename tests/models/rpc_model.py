@@ -181,6 +181,16 @@ def reconcile_params(params: Any) -> str | None:
     return bad
 
 
+def _spared(v: Any) -> bool:
+    """One process of ``spare``: exactly ``pid`` (> 0) and ``started_at`` (an int)."""
+    return (
+        isinstance(v, dict)
+        and set(v) == {"pid", "started_at"}
+        and _int_in(v["pid"], 1, None)
+        and _is_int(v["started_at"])
+    )
+
+
 def terminate_params(params: Any) -> str | None:
     return _named(
         params,
@@ -189,6 +199,7 @@ def terminate_params(params: Any) -> str | None:
             "signal": lambda v: v in ("TERM", "INT", "HUP", "KILL"),
             "grace_ms": lambda v: _int_in(v, 0, 3_600_000),
             "commands": lambda v: isinstance(v, bool),
+            "spare": lambda v: isinstance(v, list) and len(v) <= 1024 and all(map(_spared, v)),
         },
         ("session_id",),
     )

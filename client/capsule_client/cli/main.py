@@ -12,7 +12,8 @@ when the command runs (or its ``--help`` is asked): a command that connects
 has ``run(client, args, out) -> int``, one that does not (``run``, ``mcp``)
 ``run(args, socket_path) -> int``, and either may have ``arguments(parser)``
 for its own arguments. ``capsulectl --version`` alone is answered before the
-parser is even imported: it needs nothing but the version.
+parser is even imported: it needs nothing but the version; nor is
+``capsulectl hook AGENT``, which an agent runs once per tool call (docs/design.md §12).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     if argv == ["--version"]:  # as argparse prints it, without loading argparse
         print(f"capsulectl {VERSION}")
         return EXIT_OK
+    if len(argv) == 2 and argv[0] == "hook" and not argv[1].startswith("-"):
+        from .hook import run_hook  # once per tool call of an agent: no parser either
+
+        return run_hook(argv[1])
     from .parser import COMMANDS, parse
 
     args = parse(argv)
@@ -87,7 +92,7 @@ def _dispatch(args: argparse.Namespace, options: dict[str, Any], out: TextIO) ->
 
     socket_path = default_socket() if options["socket"] is None else Path(options["socket"])
     too_long = len(os.fsencode(socket_path)) > MAX_SOCKET_PATH_BYTES
-    if too_long and COMMANDS[args.command].asks:
+    if too_long and COMMANDS[args.command].checks_socket:
         print(
             f"capsulectl: socket path {socket_path} is longer than the {MAX_SOCKET_PATH_BYTES} "
             "bytes a Unix socket allows; choose a shorter --socket or $CAPSULED_SOCKET",

@@ -18,7 +18,7 @@ __all__ = ["arguments", "run"]
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    """``[--allow-terminate] [--any-session]``."""
+    """``[--allow-terminate] [--any-session] [--spare-none]``."""
     parser.add_argument(
         "--allow-terminate",
         action="store_true",
@@ -27,13 +27,23 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--any-session",
         action="store_true",
-        help="let terminate_session stop any session, not only the one in $CAPSULE_SESSION_ID",
+        help="let terminate_session stop any session, not only the server's own "
+        "($CAPSULE_SESSION_ID, else the session that lists its agent host)",
+    )
+    parser.add_argument(
+        "--spare-none",
+        action="store_true",
+        help="with --allow-terminate: terminate_session stops this agent too (its host, this "
+        "server, a launcher); by default it spares them and stops what they left running",
     )
 
 
 def run(args: argparse.Namespace, socket_path: Path) -> int:
     """Serve MCP on stdio until the agent host closes it; without the SDK, say how to
     install it (exit 2)."""
+    if args.spare_none and not args.allow_terminate:
+        print("capsulectl: --spare-none applies to --allow-terminate's tool", file=sys.stderr)
+        return EXIT_USAGE
     try:
         from ..mcp.server import SESSION_VARIABLE, McpOptions, serve
     except ModuleNotFoundError as exc:
@@ -55,6 +65,7 @@ def run(args: argparse.Namespace, socket_path: Path) -> int:
         allow_terminate=args.allow_terminate,
         any_session=args.any_session,
         session_id=os.environ.get(SESSION_VARIABLE) or None,
+        spare_none=args.spare_none,
     )
     try:
         anyio.run(lambda: serve(options, version=VERSION))

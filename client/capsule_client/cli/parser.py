@@ -33,11 +33,12 @@ class Command:
             connects, or goes on, itself): its ``run`` is given the arguments and
             the socket.
         timeout_s: its ``--timeout`` unless one is given.
-        asks: False for a command that never asks the daemon (``service``): a socket
-            path too long to connect to is no usage error for it.
+        checks_socket: False for a command a socket path too long for a Unix socket
+            must not stop: one that never asks the daemon (``service``, ``integrate``),
+            or one that must go on without the daemon (``hook``, which fails open).
     """
 
-    __slots__ = ("asks", "connects", "help", "timeout_s")
+    __slots__ = ("checks_socket", "connects", "help", "timeout_s")
 
     def __init__(
         self,
@@ -45,12 +46,12 @@ class Command:
         *,
         connects: bool = True,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        asks: bool = True,
+        checks_socket: bool = True,
     ) -> None:
         self.help = help
         self.connects = connects
         self.timeout_s = timeout_s
-        self.asks = asks
+        self.checks_socket = checks_socket
 
 
 #: Every command, in the order ``--help`` lists them. A new command is a module of
@@ -89,7 +90,18 @@ COMMANDS: Final[dict[str, Command]] = {
         "install (or uninstall) capsuled as your service: systemd user units, or a "
         "launchd agent on macOS",
         connects=False,
-        asks=False,
+        checks_socket=False,
+    ),
+    "hook": Command(
+        "record one hook event of an agent (claude-code), read on stdin; always exits 0",
+        connects=False,
+        checks_socket=False,
+    ),
+    "integrate": Command(
+        "register capsuled's hooks and MCP server in an agent's settings (claude-code), "
+        "or --remove them",
+        connects=False,
+        checks_socket=False,
     ),
 }
 

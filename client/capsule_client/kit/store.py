@@ -91,6 +91,8 @@ class OwnershipStore:
     Args:
         path: the database file, usually ``capsule_client.kit.paths.store_path(home)``;
             its directory is created ``0700`` if missing.
+        busy_timeout_s: how long each statement waits for another writer's lock
+            (an agent's hook, which must not hold the agent up, waits less).
 
     A store of an earlier version is migrated to :data:`USER_VERSION` on open,
     in one transaction (:data:`MIGRATIONS`).
@@ -98,13 +100,13 @@ class OwnershipStore:
     Raises:
         StoreVersionError: the file is a database of a later ``user_version``
             (a newer kit wrote it), or of one no kit writes.
-        sqlite3.Error: the file is not a database, or it is locked past 5 s.
+        sqlite3.Error: the file is not a database, or it is locked past ``busy_timeout_s``.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         make_private_dirs(path.parent)
         self.path = path
-        self._db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        self._db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
         try:
             self._create_schema()
         except BaseException:

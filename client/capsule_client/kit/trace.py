@@ -29,7 +29,8 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -60,6 +61,7 @@ __all__ = [
     "encode_line",
     "is_session_directory_name",
     "lock_trace",
+    "locked_trace",
     "new_event_id",
     "new_task_id",
     "now_ms",
@@ -367,6 +369,33 @@ def append_event(
     try:
         lock_trace(fd, lock_timeout_s)
         append_locked(fd, line, fsync=fsync)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def locked_trace(
+    records_root: str | os.PathLike[str],
+    session_id: str,
+    *,
+    lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S,
+) -> Iterator[int]:
+    """A session's trace, opened for append as :func:`append_event` opens it, its lock
+    held while the block runs: for a writer that reads what the trace says (``os.pread``)
+    before it appends (:func:`append_locked`), so that no other writer nor a reconcile
+    comes in between. The descriptor is closed, and the lock released, at the end.
+
+    Raises:
+        ValueError: ``session_id`` is not a session directory name.
+        TimeoutError: the lock was held by another writer past ``lock_timeout_s``.
+        OSError: as :func:`append_event`.
+    """
+    if not is_session_directory_name(session_id):
+        raise ValueError(f"not a session directory name: {session_id!r}")
+    fd = _open_for_append(records_root, session_id)
+    try:
+        lock_trace(fd, lock_timeout_s)
+        yield fd
     finally:
         os.close(fd)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import ClassVar, Final
 
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
@@ -54,6 +54,12 @@ TEXT_PROCESSES_PER_SESSION: Final = 10
 TEXT_PROCESSES: Final = 100
 
 
+_YOURS: Final = (
+    "the session this server runs in (CAPSULE_SESSION_ID, else the session that lists "
+    "its agent host)"
+)
+
+
 class ProcessInfo(BaseModel):
     """One live process of a session."""
 
@@ -90,7 +96,7 @@ class SessionInfo(BaseModel):
 
     session_id: str
     context_id: str | None
-    yours: bool = Field(description="the session this server runs in (CAPSULE_SESSION_ID)")
+    yours: bool = Field(description=_YOURS)
     processes: list[ProcessInfo]
 
 
@@ -98,7 +104,10 @@ class SessionsResult(BaseModel):
     """What ``list_sessions`` answers."""
 
     observed_at: float = Field(description="when capsuled observed this, Unix seconds")
-    your_session: str | None = Field(description="CAPSULE_SESSION_ID, null when not set")
+    your_session: str | None = Field(
+        description="the session this server runs in (CAPSULE_SESSION_ID, else the session "
+        "that lists its agent host); null when neither says"
+    )
     sessions: list[SessionInfo]
     unowned_receipts: int = Field(description="live receipt processes no session owns")
     gaps: list[str] = Field(description="what the answer could not cover, in words")
@@ -110,7 +119,7 @@ class SessionProcessesResult(BaseModel):
     observed_at: float = Field(description="when capsuled observed this, Unix seconds")
     session_id: str
     context_id: str | None
-    yours: bool = Field(description="the session this server runs in (CAPSULE_SESSION_ID)")
+    yours: bool = Field(description=_YOURS)
     processes: list[ProcessInfo]
     gaps: list[str] = Field(description="what the answer could not cover, in words")
 
@@ -123,7 +132,8 @@ class TerminatedInfo(BaseModel):
     started_at: int = Field(description="start time, Unix seconds")
     outcome: TerminateOutcome = Field(
         description="exited (after the first signal), killed (SIGKILL after the grace), "
-        "gone (had exited before it was signalled), refused (may not be signalled)"
+        "gone (had exited before it was signalled), refused (may not be signalled), "
+        "spared (this agent: left running on purpose)"
     )
     error: str | None = Field(None, description="why, for refused")
     command: str | None = Field(None, description="its command line, as in session_processes")
@@ -142,20 +152,29 @@ class Caller:
     """Who asks: the server's own session and the processes that are "this agent".
 
     Attributes:
-        session_id: ``CAPSULE_SESSION_ID``, None when not set.
+        session_id: the server's session: ``CAPSULE_SESSION_ID``, else the session
+            that lists the server or its nearest ancestor; None when neither says.
         processes: (pid, start time in Unix seconds) of this server and its ancestors.
         may_terminate: ``--allow-terminate`` was given.
         any_session: ``--any-session`` was given.
+        spares: ``terminate_session`` spares this agent (no ``--spare-none``).
     """
+
+    #: A listed start time (whole seconds, from the store or a receipt) matches one read
+    #: from ``/proc`` within this many seconds.
+    START_TOLERANCE_S: ClassVar[float] = 1.5
 
     session_id: str | None
     processes: frozenset[tuple[int, float]] = frozenset()
     may_terminate: bool = False
     any_session: bool = False
+    spares: bool = True
 
     def is_this_agent(self, pid: int, started_at: int) -> bool:
         """Whether (pid, start) is this server or an ancestor (start within a second)."""
-        return any(p == pid and abs(s - started_at) < 1.5 for p, s in self.processes)
+        return any(
+            p == pid and abs(s - started_at) < self.START_TOLERANCE_S for p, s in self.processes
+        )
 
 
 def _command(argv: list[str] | UnsetType | None) -> str | None:
@@ -270,9 +289,14 @@ def _how_to_stop(session_id: str, caller: Caller) -> str:
     mine = session_id == caller.session_id
     if caller.may_terminate and (mine or caller.any_session):
         tool = "terminate_session" + ("" if mine else f' with session_id "{session_id}"')
+        whom = (
+            "this agent included if it is listed"
+            if not caller.spares
+            else "but this agent's own, which are spared"
+        )
         return (
-            f"To stop the whole session, call {tool} (every process above, "
-            "this agent included if it is listed); to stop one process, `kill PID`."
+            f"To stop the whole session, call {tool} (every process above, {whom}); "
+            "to stop one process, `kill PID`."
         )
     return (
         f"To stop them, the user can run `capsulectl terminate {session_id}` "
@@ -292,7 +316,10 @@ def sessions_text(result: SessionsResult, caller: Caller) -> str:
     count = len(result.sessions)
     lines = [f"{count} active session{'' if count == 1 else 's'} (sessions with live processes)."]
     if caller.session_id is None:
-        lines.append("This server does not know its own session (CAPSULE_SESSION_ID is not set).")
+        lines.append(
+            "This server does not know its own session (CAPSULE_SESSION_ID is not set and "
+            "no session lists it or its agent host)."
+        )
     elif not any(s.yours for s in result.sessions):
         lines.append(f"Your session {caller.session_id} has no live process.")
     for session in result.sessions:
@@ -329,7 +356,7 @@ def processes_text(result: SessionProcessesResult, caller: Caller) -> str:
 
 
 def terminate_text(result: TerminateResult) -> str:
-    """The model's reading of ``terminate_session``."""
+    """The model's reading of ``terminate_session``: what stopped, what was spared."""
     if not result.processes:
         return f"Session {result.session_id} had no live process: nothing was stopped."
     counts: dict[str, int] = {}
@@ -340,6 +367,7 @@ def terminate_text(result: TerminateResult) -> str:
         "killed": "killed with SIGKILL after the grace",
         "gone": "had already exited",
         "refused": "may not be signalled",
+        "spared": "spared (this agent: left running)",
     }
     parts = [f"{counts[o]} {said[o]}" for o in said if o in counts]
     lines = [
@@ -355,6 +383,11 @@ def terminate_text(result: TerminateResult) -> str:
             lines.append(f"- pid {process.pid}: {command} — {said[process.outcome]}")
     if "refused" in counts:
         lines.append("The user can stop those by hand (`sudo kill PID` where that is theirs).")
+    if "spared" in counts:
+        lines.append(
+            "The spared processes are this agent (its host, this server, a launcher it runs "
+            "under): they were not signalled and go on."
+        )
     return "\n".join(lines)
 
 

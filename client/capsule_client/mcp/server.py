@@ -4,10 +4,13 @@
 Built on the official SDK (``mcp``, the extra ``capsuled[mcp]``); only
 ``capsulectl mcp`` imports this package. Tools: ``list_sessions`` and
 ``session_processes`` (read-only), and ``terminate_session`` with
-``--allow-terminate`` (destructive; the caller's own session, from
-``CAPSULE_SESSION_ID``, unless ``--any-session``). Every failure a model can
-act on is a tool error (``isError``) whose text says what to do; a bad call
-never ends the server.
+``--allow-terminate`` (destructive; the caller's own session unless
+``--any-session``, sparing the server and the processes it runs under unless
+``--spare-none``). The caller's own session is ``CAPSULE_SESSION_ID``, else the
+session that lists the server or its nearest ancestor (an agent host its hooks
+registered, docs/design.md §11, §12). Every failure a model can act on is a
+tool error (``isError``) whose text says what to do; a bad call never ends the
+server.
 """
 
 from __future__ import annotations
@@ -83,7 +86,9 @@ class McpOptions:
         timeout_s: seconds to wait for each reply of the daemon.
         allow_terminate: list ``terminate_session``.
         any_session: let it stop sessions other than the caller's own.
-        session_id: the caller's session (``CAPSULE_SESSION_ID``), None when not set.
+        session_id: the caller's session (``CAPSULE_SESSION_ID``), None when not
+            set: then the session that lists the server or its nearest ancestor.
+        spare_none: ``terminate_session`` spares nothing, not even this agent.
     """
 
     socket_path: Path
@@ -91,13 +96,14 @@ class McpOptions:
     allow_terminate: bool = False
     any_session: bool = False
     session_id: str | None = None
+    spare_none: bool = False
 
 
 SessionArgument = Annotated[
     str | None,
     Field(
         description="an active session's id (ses_...); default: this server's own session "
-        "(CAPSULE_SESSION_ID)"
+        "(CAPSULE_SESSION_ID, else the session its agent host is registered in)"
     ),
 ]
 GraceArgument = Annotated[
@@ -113,25 +119,49 @@ UsageArgument = Annotated[
 ]
 
 
-def _ancestry() -> frozenset[tuple[int, float]]:
-    """(pid, start time) of this server and each process it descends from (Linux's
-    ``/proc``; elsewhere, or if one cannot be read, as far as was read)."""
-    chain: set[tuple[int, float]] = set()
+def _ancestry() -> tuple[tuple[int, float], ...]:
+    """(pid, start time) of this server and each process it descends from, nearest
+    first (Linux's ``/proc``; elsewhere, or if one cannot be read, as far as was read)."""
+    chain: list[tuple[int, float]] = []
     try:
         boot_s, ticks = boot_time_s(), ticks_per_s()
         pid = os.getpid()
         while pid > 0 and len(chain) < MAX_ANCESTORS:
             stat = read_stat(pid)
-            chain.add((pid, start_time_s(stat.start_ticks, boot_s, ticks)))
+            chain.append((pid, start_time_s(stat.start_ticks, boot_s, ticks)))
             pid = stat.ppid
     except (OSError, ValueError):
         pass  # no /proc, or an ancestor gone meanwhile: the ones read are kept
-    return frozenset(chain)
+    return tuple(chain)
 
 
-def _caller(options: McpOptions) -> Caller:
-    """The caller now: this server and its ancestors (a parent may have exited since)."""
-    return Caller(options.session_id, _ancestry(), options.allow_terminate, options.any_session)
+def _listing_session(
+    snapshot: ActiveSessionsSnapshot, chain: tuple[tuple[int, float], ...]
+) -> str | None:
+    """The session that lists the nearest of ``chain`` (the server first, then its
+    parent, ...) as one of its processes; None when none does (docs/design.md §11)."""
+    listed = [(p.pid, p.started_at, s.session_id) for s in snapshot.sessions for p in s.processes]
+    for pid, start in chain:
+        for listed_pid, started_at, session_id in listed:
+            if listed_pid == pid and abs(started_at - start) < Caller.START_TOLERANCE_S:
+                return session_id
+    return None
+
+
+def _caller(options: McpOptions, snapshot: ActiveSessionsSnapshot | None = None) -> Caller:
+    """The caller now: this server and its ancestors (a parent may have exited since),
+    and its session: ``CAPSULE_SESSION_ID``, else the one ``snapshot`` lists it in."""
+    chain = _ancestry()
+    session_id = options.session_id
+    if session_id is None and snapshot is not None:
+        session_id = _listing_session(snapshot, chain)
+    return Caller(
+        session_id,
+        frozenset(chain),
+        options.allow_terminate,
+        options.any_session,
+        spares=not options.spare_none,
+    )
 
 
 def _error_text(exc: CapsuleError) -> str:
@@ -186,8 +216,10 @@ def _no_session_text(tool: str) -> str:
     return (
         f"{tool} needs a session: this server does not know its own (the variable "
         f"{SESSION_VARIABLE} is not set, so the agent host was not started inside "
-        "`capsulectl run`). Pass session_id (list_sessions shows the active sessions), "
-        "or ask the user to start the agent host as `capsulectl run -- <host>`."
+        "`capsulectl run`, and no session lists this server or a process it runs under, "
+        "so the host's hooks did not register it). Pass session_id (list_sessions shows "
+        "the active sessions), or ask the user to run `capsulectl integrate claude-code` "
+        "(for Claude Code) or to start the agent host as `capsulectl run -- <host>`."
     )
 
 
@@ -211,9 +243,9 @@ def _failure(exc: ToolFailure) -> CallToolResult:
 
 
 async def _list_sessions(options: McpOptions, usage: bool) -> CallToolResult:
-    caller = _caller(options)
     async with _daemon(options) as client:
         snapshot = await _snapshot(client, usage)
+    caller = _caller(options, snapshot)
     result = sessions_result(snapshot, caller)
     return _result(result, sessions_text(result, caller))
 
@@ -221,12 +253,12 @@ async def _list_sessions(options: McpOptions, usage: bool) -> CallToolResult:
 async def _session_processes(
     options: McpOptions, session_id: str | None, usage: bool
 ) -> CallToolResult:
-    caller = _caller(options)
+    async with _daemon(options) as client:
+        snapshot = await _snapshot(client, usage)
+    caller = _caller(options, snapshot)
     wanted = session_id or caller.session_id
     if wanted is None:
         raise ToolFailure(_no_session_text("session_processes"))
-    async with _daemon(options) as client:
-        snapshot = await _snapshot(client, usage)
     session = next((s for s in snapshot.sessions if s.session_id == wanted), None)
     if session is None and wanted != caller.session_id:
         raise ToolFailure(_unknown_session_text(wanted))
@@ -245,7 +277,11 @@ async def _session_processes(
 async def _terminate_session(
     options: McpOptions, session_id: str | None, grace_ms: int
 ) -> CallToolResult:
-    caller = _caller(options)
+    snapshot = None
+    if options.session_id is None:  # the caller's session is the one that lists it
+        async with _daemon(options) as client:
+            snapshot = await client.snapshot(fresh=True)
+    caller = _caller(options, snapshot)
     wanted = session_id or caller.session_id
     if wanted is None:
         raise ToolFailure(_no_session_text("terminate_session"))
@@ -294,21 +330,28 @@ def build_server(options: McpOptions, *, version: str = "") -> MCPServer:
     if not options.allow_terminate:
         return server
 
+    spared = (
+        "this agent included (its host and this server), if it runs in it"
+        if options.spare_none
+        else "but this agent (its host, this server and what they run under), which is "
+        "spared: what you left running stops, you do not"
+    )
+
     @server.tool(
+        description="Stop every live process of a session — by default your own — "
+        f"{spared}: SIGTERM, then SIGKILL for what is left after grace_ms. The user "
+        "allowed it by starting this server with --allow-terminate.",
         annotations=ToolAnnotations(
             title="Stop a session's processes",
             read_only_hint=False,
             destructive_hint=True,
             idempotent_hint=True,
             open_world_hint=False,
-        )
+        ),
     )
     async def terminate_session(
         session_id: SessionArgument = None, grace_ms: GraceArgument = DEFAULT_GRACE_MS
     ) -> Annotated[CallToolResult, TerminateResult]:
-        """Stop every live process of a session — by default your own, and then this agent
-        too, if it runs in it: SIGTERM, then SIGKILL for what is left after grace_ms. The
-        user allowed it by starting this server with --allow-terminate."""
         return await _answer(_terminate_session(options, session_id, grace_ms))
 
     return server
@@ -319,7 +362,8 @@ def _refused_text(asked: str, caller: Caller) -> str:
     own = (
         f"only its own session, {caller.session_id}"
         if caller.session_id is not None
-        else f"only its own session, and it has none ({SESSION_VARIABLE} is not set)"
+        else f"only its own session, and it has none ({SESSION_VARIABLE} is not set and "
+        "no session lists it)"
     )
     return (
         f"Terminate refused: this server may stop {own}, not {session_id}. "
@@ -331,10 +375,19 @@ def _refused_text(asked: str, caller: Caller) -> str:
 async def _terminate(
     options: McpOptions, session_id: str, grace_ms: int, caller: Caller
 ) -> TerminateReport:
-    """``session.terminate``; the caller's own session with nothing running is an empty report."""
+    """``session.terminate``, sparing this agent (unless ``--spare-none``); the caller's own
+    session with nothing running is an empty report.
+
+    Spared: the server and every process it descends from, by (pid, start time); those
+    the session does not list change nothing (docs/design.md §7), so the ones spared are
+    its ancestors within the session: the agent host, a launcher.
+    """
+    spare = [(pid, round(start)) for pid, start in caller.processes] if caller.spares else []
     try:
         async with _daemon(options) as client:
-            return await client.terminate(session_id, grace_s=grace_ms / 1000, commands=True)
+            return await client.terminate(
+                session_id, grace_s=grace_ms / 1000, commands=True, spare=spare
+            )
     except ToolFailure as exc:
         cause = exc.__cause__
         if isinstance(cause, NoSuchSession):

@@ -9,7 +9,7 @@ methods: one not in it does not exist.
 
 from typing import Annotated, Final, Literal
 
-from msgspec import Meta, Struct
+from msgspec import Meta, Struct, field
 
 from .constants import DEFAULT_GRACE_MS, DEFAULT_SNAPSHOT_TIMEOUT_MS, MAX_PARAM_MS
 
@@ -18,6 +18,7 @@ __all__ = [
     "NoParams",
     "ReconcileParams",
     "SnapshotParams",
+    "SpareProcess",
     "SubscribeParams",
     "SubscriptionId",
     "TerminateParams",
@@ -103,6 +104,23 @@ class ReconcileParams(Struct, forbid_unknown_fields=True):
 TerminateSignal = Literal["TERM", "INT", "HUP", "KILL"]
 
 
+#: The most processes one ``session.terminate`` may spare.
+MAX_SPARED: Final = 1024
+
+
+class SpareProcess(Struct, forbid_unknown_fields=True):
+    """A process ``session.terminate`` must not signal (docs/design.md §7, §11).
+
+    Attributes:
+        pid: its pid.
+        started_at: its start time, Unix seconds: as the session's listing
+            gives it, or as the OS says (it matches within a second).
+    """
+
+    pid: Annotated[int, Meta(gt=0)]
+    started_at: int
+
+
 class TerminateParams(Struct, forbid_unknown_fields=True):
     """Params of ``session.terminate`` (docs/design.md §7).
 
@@ -113,12 +131,17 @@ class TerminateParams(Struct, forbid_unknown_fields=True):
             (none is sent when ``signal`` is ``KILL``).
         commands: every process of the report carries its ``command``, as
             read before the first signal (docs/design.md §5 "What each process is").
+        spare: processes of the session that are not signalled: each is
+            reported with the outcome ``spared`` (an agent stopping what it
+            left running, not itself: docs/design.md §11). One that is not
+            among the session's processes changes nothing.
     """
 
     session_id: SessionName
     signal: TerminateSignal = "TERM"
     grace_ms: NonNegativeMs = DEFAULT_GRACE_MS
     commands: bool = False
+    spare: Annotated[list[SpareProcess], Meta(max_length=MAX_SPARED)] = field(default_factory=list)
 
 
 #: Params type of each method; a method not listed here does not exist.

@@ -196,7 +196,7 @@ class LostReport(Struct):
 
 
 #: What became of one process ``session.terminate`` signalled (docs/design.md §7).
-TerminateOutcome = Literal["exited", "killed", "gone", "refused"]
+TerminateOutcome = Literal["exited", "killed", "gone", "refused", "spared"]
 
 
 class TerminatedProcess(Struct, omit_defaults=True):
@@ -211,7 +211,8 @@ class TerminatedProcess(Struct, omit_defaults=True):
             was the signal asked for), ``gone`` (it had exited, or its pid
             was reused, before it could be signalled: nothing was sent) or
             ``refused`` (it may not be signalled: ``EPERM``, or pid 1, the
-            daemon or its parent).
+            daemon or its parent) or ``spared`` (the params' ``spare`` named
+            it: nothing was sent).
         error: why, for ``refused``, and for a process still running after
             ``SIGKILL``.
         parent_pid: a descendant's parent, as in :class:`SessionProcess`.
@@ -261,6 +262,7 @@ class StatusTotals(Struct):
         terminated_killed: processes it killed after the grace period.
         terminated_gone: processes already gone when it came to them.
         terminated_refused: processes it may not signal.
+        terminated_spared: processes it left alone because the caller spared them.
     """
 
     observations: int = 0
@@ -280,6 +282,7 @@ class StatusTotals(Struct):
     terminated_killed: int = 0
     terminated_gone: int = 0
     terminated_refused: int = 0
+    terminated_spared: int = 0
 
 
 class WatchStatus(Struct):

@@ -120,6 +120,7 @@ def terminate_handler(
                 signal_name=params.signal,
                 grace_s=params.grace_ms / 1000,
                 more=more,
+                spare=[(spared.pid, spared.started_at) for spared in params.spare],
             )
         except OSError as exc:  # before any signal: the daemon's shortage (docs/design.md §8)
             if not is_shortage(exc):

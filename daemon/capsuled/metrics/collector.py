@@ -59,7 +59,7 @@ log = structlog.get_logger("capsuled.metrics")
 #: method in every scrape: few of them keep the exposition cheap.
 LATENCY_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 5.0)
 #: What ``session.terminate`` reports for each process (docs/design.md §7).
-TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused")
+TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused", "spared")
 #: The ``method`` label of a request naming no method the daemon serves:
 #: clients choose method names, and a label must not grow with them.
 OTHER_METHOD: Final = "other"
@@ -326,7 +326,8 @@ def _work_families(totals: StatusTotals) -> Iterator[Metric]:
         CounterMetricFamily(
             "capsuled_terminated_processes",
             "Processes that session.terminate signalled, by outcome (exited after the "
-            "signal, killed after the grace period, gone before it, or refused).",
+            "signal, killed after the grace period, gone before it, refused, or spared "
+            "at the caller's request).",
             labels=("outcome",),
         ),
         ((outcome, getattr(totals, f"terminated_{outcome}")) for outcome in TERMINATE_OUTCOMES),

@@ -15,7 +15,9 @@ session and ends them:
    immediately before each ``os.kill`` instead;
 2. pid 1, the daemon and the daemon's parent are never signalled
    (``refused``), nor is a process we may not signal (``EPERM``:
-   ``refused``, with the error);
+   ``refused``, with the error), nor one the caller spares (``spared``:
+   its pid, and its start time within :data:`START_TOLERANCE_S` of the
+   listed or the sampled one; docs/design.md §7, §11);
 3. the others get ``signal`` and have ``grace_s`` to exit; exits are pidfd
    readability (``anyio.wait_readable``), not polling. While they have, the
    ``more`` callable is asked every :data:`DISCOVER_INTERVAL_S` for
@@ -64,6 +66,7 @@ __all__ = [
     "SIGNALS",
     "START_TOLERANCE_S",
     "MoreTargets",
+    "Spared",
     "Target",
     "protected_pids",
     "terminate",
@@ -121,6 +124,22 @@ class Target:
 #: Asked during the grace: the session's processes now (new ones are signalled too).
 MoreTargets = Callable[[], Awaitable[Iterable[Target]]]
 
+#: The processes the caller spares: (pid, start time in Unix seconds) pairs.
+Spared = Iterable[tuple[int, int]]
+
+
+def _is_spared(target: Target, spared: dict[int, list[int]]) -> bool:
+    """Whether the caller spared ``target``: its pid, and a start time within
+    :data:`START_TOLERANCE_S` of the one listed or the one the sample read."""
+    starts: tuple[float, ...] = (target.started_at,)
+    if target.start_s is not None:
+        starts += (target.start_s,)
+    return any(
+        abs(start - given) <= START_TOLERANCE_S
+        for given in spared.get(target.pid, ())
+        for start in starts
+    )
+
 
 def protected_pids() -> frozenset[int]:
     """Pids never signalled: init, the daemon itself and its parent."""
@@ -160,11 +179,16 @@ class _Victim:
 class _Run:
     """One call of :func:`terminate`: its processes, their waiters, the clock."""
 
-    def __init__(self, tg: TaskGroup, signum: signal.Signals, pidfds: bool, clock: Clock) -> None:
+    def __init__(
+        self, tg: TaskGroup, signum: signal.Signals, pidfds: bool, clock: Clock, spared: Spared
+    ) -> None:
         self.tg = tg
         self.signum = signum
         self.clock = clock
         self.protected = protected_pids()
+        self.spared: dict[int, list[int]] = {}
+        for pid, started_at in spared:
+            self.spared.setdefault(pid, []).append(started_at)
         self.victims: list[_Victim] = []
         self.latest: dict[int, _Victim] = {}  # pid → its latest victim (a pid may be reused)
         supported = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
@@ -181,6 +205,9 @@ class _Run:
                 continue  # the same process (listed again, or its start time read differently)
             victim = self.latest[target.pid] = _Victim(target)
             self.victims.append(victim)
+            if _is_spared(target, self.spared):
+                victim.outcome = "spared"
+                continue
             self._open(victim)
             if victim.outcome is None:
                 self.send(victim, signum)
@@ -306,6 +333,7 @@ async def terminate(
     grace_s: float = DEFAULT_GRACE_MS / 1000,
     more: MoreTargets | None = None,
     pidfds: bool = True,
+    spare: Spared = (),
 ) -> TerminateReport:
     """Signal ``targets``, wait up to ``grace_s``, ``SIGKILL`` the rest; report each outcome.
 
@@ -318,6 +346,8 @@ async def terminate(
             not in ``targets`` are signalled too (and reported).
         pidfds: False signals with ``kill(2)`` after a start-time check, as
             where no pidfd can be had (for tests).
+        spare: (pid, start time) of processes not to signal, found in
+            ``targets`` or in what ``more`` lists: they are reported ``spared``.
 
     Returns:
         The report, processes sorted by pid (outcomes as in
@@ -333,7 +363,7 @@ async def terminate(
     started = time.monotonic()
     clock = Clock()  # before anything is signalled: every check needs it
     async with anyio.create_task_group() as tg:
-        run = _Run(tg, signum, pidfds, clock)
+        run = _Run(tg, signum, pidfds, clock, spare)
         try:
             run.add(targets, signum)
             if signum != signal.SIGKILL:
@@ -351,7 +381,7 @@ async def terminate(
             tg.cancel_scope.cancel()
             run.close()
     processes = sorted((v.report() for v in run.victims), key=lambda p: p.pid)
-    counts = {outcome: 0 for outcome in ("exited", "killed", "gone", "refused")}
+    counts = {outcome: 0 for outcome in ("exited", "killed", "gone", "refused", "spared")}
     for process in processes:
         counts[process.outcome] += 1
     log.info(

@@ -23,7 +23,8 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 __all__ = ["InvalidParams", "ParamsDecoder"]
 
 _EMPTY: Final = b"{}"
-_WHERE: Final = re.compile(r" - at `\$\.([A-Za-z0-9_]+)`$")
+#: Where msgspec says the error is: the member, and the path inside it (``$.spare[0].pid``).
+_WHERE: Final = re.compile(r" - at `\$\.([A-Za-z0-9_]+)([^`]*)`$")
 _MISSING: Final = re.compile(r"missing required field `([A-Za-z0-9_]+)`")
 _UNKNOWN: Final = re.compile(r"Object contains unknown field `")
 _keys: Final = msgspec.json.Decoder(dict[str, Raw])
@@ -126,11 +127,14 @@ class ParamsDecoder:
                 if key not in fields:
                     key = key[:100]
                     return key, f"Object contains unknown field `{key}`"
+            where = _WHERE.search(message)
+            if where and where.group(1) in fields:  # inside a member (``spare``'s objects)
+                return where.group(1), "Object contains an unknown field" + where.group(0)
             return "params", "Object contains an unknown field"
         where = _WHERE.search(message)
         reason = _WHERE.sub("", message)
-        if where and where.group(1) in fields:
-            return where.group(1), reason
+        if where and where.group(1) in fields:  # the path stays when it goes inside the member
+            return where.group(1), message if where.group(2) else reason
         missing = _MISSING.search(reason)
         if missing and missing.group(1) in fields:
             return missing.group(1), reason

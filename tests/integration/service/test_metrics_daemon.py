@@ -147,6 +147,7 @@ def check_against_status(
         "killed": totals.terminated_killed,
         "gone": totals.terminated_gone,
         "refused": totals.terminated_refused,
+        "spared": totals.terminated_spared,
     }
 
     assert status.watch is not None

@@ -394,6 +394,7 @@ def test_metrics_and_status_count_the_outcomes(
         "killed": 1,
         "gone": 0,
         "refused": 1,
+        "spared": 0,
     }
     assert totals.terminated_exited == totals_before.terminated_exited + 1
     assert totals.terminated_killed == totals_before.terminated_killed + 1

@@ -23,7 +23,7 @@ def render_terminate(
     for process in report.processes:
         counts[process.outcome] = counts.get(process.outcome, 0) + 1
     summary = ", ".join(
-        f"{counts[o]} {o}" for o in ("exited", "killed", "gone", "refused") if o in counts
+        f"{counts[o]} {o}" for o in ("exited", "killed", "gone", "refused", "spared") if o in counts
     )
     count = len(report.processes)
     heading = (
