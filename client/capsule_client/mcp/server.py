@@ -167,11 +167,12 @@ async def _daemon(options: McpOptions) -> AsyncIterator[AsyncClient]:
 
 
 async def _snapshot(client: AsyncClient, usage: bool) -> ActiveSessionsSnapshot:
-    """A read-your-writes answer; with ``usage``, CPU measured between two looks."""
-    snapshot = await client.snapshot(usage=usage, fresh=True, commands=True)
+    """A read-your-writes answer with each process's ports; with ``usage``, CPU measured
+    between two looks."""
+    snapshot = await client.snapshot(usage=usage, fresh=True, commands=True, ports=True)
     if usage:
         await anyio.sleep(USAGE_INTERVAL_S)
-        snapshot = await client.snapshot(usage=True, fresh=True, commands=True)
+        snapshot = await client.snapshot(usage=True, fresh=True, commands=True, ports=True)
     return snapshot
 
 
@@ -229,6 +230,8 @@ async def _session_processes(
         session_id=wanted,
         context_id=None if info is None else info.context_id,
         yours=wanted == caller.session_id,
+        state=None if info is None else info.state,
+        ended_at=None if info is None else info.ended_at,
         processes=[] if info is None else info.processes,
         gaps=snapshot.gaps,
     )
