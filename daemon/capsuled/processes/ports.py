@@ -66,11 +66,15 @@ _SOCKET_LINK: Final = "socket:["
 
 def _address(text: bytes, size: int) -> str:
     """A ``/proc/net`` address, written as the kernel's ``%08X`` of each 32-bit word
-    in the machine's byte order, as ``ipaddress`` writes it."""
+    in the machine's byte order, as ``ipaddress`` writes it (an IPv4-mapped IPv6
+    address as ``::ffff:10.0.0.1``, whatever the Python version)."""
     raw = b"".join(
         int(text[at : at + 8], 16).to_bytes(4, sys.byteorder) for at in range(0, size * 2, 8)
     )
-    return str(ipaddress.ip_address(raw))
+    address = ipaddress.ip_address(raw)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return f"::ffff:{address.ipv4_mapped}"
+    return str(address)
 
 
 def listening_in(
