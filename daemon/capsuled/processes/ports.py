@@ -2,10 +2,13 @@
 
 :func:`read_ports` reads them for one request, in a worker thread, as ``ss
 -lnp`` finds them: a process's sockets are the ``socket:[INODE]`` links of
-``/proc/<pid>/fd``, and what each socket is bound to is the line with that
-inode in ``/proc/<pid>/net/{tcp,tcp6,udp,udp6}``, the tables of the process's
-network namespace. Each namespace's four tables are read once per request,
-whatever the number of processes in it (``/proc/net`` for the daemon's own).
+``/proc/<pid>/fd``, and what each socket is bound to is the kernel's record
+with that inode in its network namespace. For the daemon's own namespace the
+records come from the kernel's sock_diag netlink interface, asked for the
+listening sockets only (:mod:`.sock_diag`, what ``ss`` asks); for a protocol
+it does not serve, and for a process in another namespace, from the
+``/proc/<pid>/net/{tcp,tcp6,udp,udp6}`` tables. Each namespace is read once
+per request, whatever the number of processes in it.
 
 * TCP: a socket in the ``LISTEN`` state. UDP: a socket bound to a port and
   not connected (``ss -uln``'s ``UNCONN``): the state the kernel calls
@@ -40,6 +43,7 @@ import psutil
 from capsule_client.kit.proc import NOT_LIVE_STATES, parse_stat, read_stat_line
 from capsule_client.wire import ActiveSessionsSnapshot, ListeningSocket, SessionProcess
 
+from . import sock_diag
 from .argv import START_TOLERANCE_S
 from .table import Clock
 
@@ -58,23 +62,36 @@ _TABLES: Final[tuple[tuple[str, Literal["tcp", "udp"], int], ...]] = (
     ("udp", "udp", 4),
     ("udp6", "udp", 16),
 )
+#: What sock_diag is asked for each table: family, protocol, states.
+_DIAG: Final = {
+    "tcp": (socket.AF_INET, socket.IPPROTO_TCP, sock_diag.TCP_LISTEN_STATES),
+    "tcp6": (socket.AF_INET6, socket.IPPROTO_TCP, sock_diag.TCP_LISTEN_STATES),
+    "udp": (socket.AF_INET, socket.IPPROTO_UDP, sock_diag.UDP_UNCONNECTED_STATES),
+    "udp6": (socket.AF_INET6, socket.IPPROTO_UDP, sock_diag.UDP_UNCONNECTED_STATES),
+}
 #: ``st`` of a listening TCP socket, and of an unconnected UDP one (``TCP_CLOSE``).
 _TCP_LISTEN: Final = b"0A"
 _UDP_UNCONNECTED: Final = b"07"
 _SOCKET_LINK: Final = "socket:["
 
 
-def _address(text: bytes, size: int) -> str:
-    """A ``/proc/net`` address, written as the kernel's ``%08X`` of each 32-bit word
-    in the machine's byte order, as ``ipaddress`` writes it (an IPv4-mapped IPv6
-    address as ``::ffff:10.0.0.1``, whatever the Python version)."""
-    raw = b"".join(
-        int(text[at : at + 8], 16).to_bytes(4, sys.byteorder) for at in range(0, size * 2, 8)
-    )
+def _written(raw: bytes) -> str:
+    """An address (4 or 16 bytes, network order) as ``ipaddress`` writes it, an
+    IPv4-mapped IPv6 address as ``::ffff:10.0.0.1`` whatever the Python version."""
     address = ipaddress.ip_address(raw)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return f"::ffff:{address.ipv4_mapped}"
     return str(address)
+
+
+def _address(text: bytes, size: int) -> str:
+    """A ``/proc/net`` address, written as the kernel's ``%08X`` of each 32-bit word
+    in the machine's byte order."""
+    return _written(
+        b"".join(
+            int(text[at : at + 8], 16).to_bytes(4, sys.byteorder) for at in range(0, size * 2, 8)
+        )
+    )
 
 
 def listening_in(
@@ -114,9 +131,24 @@ def _read_all(path: str) -> bytes:
         return file.read()
 
 
-def _namespace_tables(base: str) -> dict[int, ListeningSocket]:
+def _diagnosed(name: str, proto: Literal["tcp", "udp"]) -> dict[int, ListeningSocket] | None:
+    """inode → listening socket of one table of the daemon's namespace, from sock_diag;
+    None where the kernel does not serve it so."""
+    try:
+        bound = sock_diag.dump(*_DIAG[name])
+    except OSError:
+        return None
+    return {
+        b.inode: ListeningSocket(proto, _written(b.address), b.port)
+        for b in bound
+        if b.port and not b.connected
+    }
+
+
+def _namespace_tables(base: str, *, own: bool = False) -> dict[int, ListeningSocket]:
     """inode → listening socket of the four tables under ``base`` (``/proc/net`` or
-    ``/proc/<pid>/net``); a table the kernel lacks (no IPv6) counts as empty.
+    ``/proc/<pid>/net``); a table the kernel lacks (no IPv6) counts as empty. ``own``:
+    the daemon's namespace, asked of sock_diag first.
 
     Raises:
         OSError: ``base`` is gone (a process that exited) or refused.
@@ -124,6 +156,11 @@ def _namespace_tables(base: str) -> dict[int, ListeningSocket]:
     found: dict[int, ListeningSocket] = {}
     read = False
     for name, proto, size in _TABLES:
+        diagnosed = _diagnosed(name, proto) if own else None
+        if diagnosed is not None:
+            found.update(diagnosed)
+            read = True
+            continue
         try:
             data = _read_all(f"{base}/{name}")
         except FileNotFoundError:
@@ -184,8 +221,10 @@ class _Reading:
             namespace = None
         if namespace not in self.tables:
             try:
-                self.tables[namespace] = _namespace_tables(
-                    "/proc/net" if namespace is None else f"/proc/{pid}/net"
+                self.tables[namespace] = (
+                    _namespace_tables("/proc/net", own=True)
+                    if namespace is None
+                    else _namespace_tables(f"/proc/{pid}/net")
                 )
             except OSError:
                 return None  # gone meanwhile: the next process of the namespace reads it
