@@ -247,8 +247,8 @@ SCENARIOS: tuple[Scenario, ...] = (
             "snapshot p50 with and without usage and ports at 100 session processes",
             "snapshot p50 with and without usage and ports at 600 session processes",
             "with ports, every process carries its listening socket and no other",
-            "10 ended sessions' leftovers, nothing changing: <= 0.2 % of a core, and no "
-            "more observations than the same sessions running",
+            "10 ended sessions' leftovers, nothing changing: no more CPU (within 2 clock "
+            "ticks) and no more observations than the same sessions running",
         ),
         run=costs.run,
     ),
