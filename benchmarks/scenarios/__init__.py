@@ -12,6 +12,7 @@ from benchmarks.stats import fmt_s
 from . import (
     coldstart,
     commands,
+    costs,
     descendants,
     events,
     fresh,
@@ -268,6 +269,25 @@ SCENARIOS: tuple[Scenario, ...] = (
             "capsulectl mcp: spawn to the initialize reply",
         ),
         run=startup.run,
+    ),
+    Scenario(
+        number=21,
+        title=(
+            "sessions.snapshot with usage and ports at 100 and 600 session processes; "
+            "ended sessions' leftovers idle"
+        ),
+        baseline=(
+            "the same daemon's plain answer; the same sessions running, and an empty "
+            "home, in the same window"
+        ),
+        targets=(
+            "snapshot p50 with and without usage and ports at 100 session processes",
+            "snapshot p50 with and without usage and ports at 600 session processes",
+            "with ports, every process carries its listening socket and no other",
+            "10 ended sessions' leftovers, nothing changing: no more CPU (within 2 clock "
+            "ticks) and no more observations than the same sessions running",
+        ),
+        run=costs.run,
     ),
 )
 

@@ -59,7 +59,9 @@ class AsyncClient(BaseClient):
     terminate = base.awaiting(base.terminate)
     rescan = base.awaiting(base.rescan)
 
-    def subscribe(self, *, since: int | None = None, commands: bool = False) -> AsyncSubscription:
+    def subscribe(
+        self, *, since: int | None = None, commands: bool = False, ports: bool = False
+    ) -> AsyncSubscription:
         """``sessions.subscribe``: an async iterator of the answer's changes.
 
         >>> async with client.subscribe() as changes:   # doctest: +SKIP
@@ -69,7 +71,7 @@ class AsyncClient(BaseClient):
         The subscription uses this client's connection: while one task
         iterates, make calls from another client. See :class:`AsyncSubscription`.
         """
-        return AsyncSubscription(self, since, commands)
+        return AsyncSubscription(self, since, commands, ports=ports)
 
     async def call_raw(
         self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
@@ -178,8 +180,10 @@ class AsyncSubscription(SubscriptionBase):
     :class:`~.base.SubscriptionBase` says.
     """
 
-    def __init__(self, client: AsyncClient, since: int | None, commands: bool = False) -> None:
-        super().__init__(since, commands)
+    def __init__(
+        self, client: AsyncClient, since: int | None, commands: bool = False, *, ports: bool = False
+    ) -> None:
+        super().__init__(since, commands, ports=ports)
         self._client = client
 
     async def __aenter__(self) -> AsyncSubscription:

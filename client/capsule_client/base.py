@@ -140,12 +140,15 @@ def snapshot(
     usage: bool = False,
     fresh: bool = False,
     commands: bool = False,
+    ports: bool = False,
 ) -> Call[ActiveSessionsSnapshot]:
     """``sessions.snapshot`` (docs/design.md §7); params as in ``SnapshotParams``.
 
     Args:
         commands: each process carries ``command``, its argv as the OS
             says it (``None`` where it does not), docs/design.md §5.
+        ports: each process carries ``ports``, the sockets it listens on
+            (``None`` where the OS does not say), docs/design.md §13.
         fresh: read-your-writes: the answer reflects every receipt, store
             row and process exit completed before the call (``max_age_ms=0``:
             the daemon waits for its watch's barrier, then observes).
@@ -165,6 +168,7 @@ def snapshot(
         ("since", since),
         ("usage", usage or None),
         ("commands", commands or None),
+        ("ports", ports or None),
     ):
         if value is not None:
             params[name] = value
@@ -202,6 +206,7 @@ def terminate(
     grace_s: float = DEFAULT_GRACE_MS / 1000,
     commands: bool = False,
     spare: Iterable[tuple[int, int]] = (),
+    ended_only: bool = False,
 ) -> Call[TerminateReport]:
     """``session.terminate`` (docs/design.md §7): signal every live process of the
     session, ``SIGKILL`` what is left after ``grace_s`` seconds, report each outcome.
@@ -210,9 +215,12 @@ def terminate(
     ``commands``: each process in the report carries its ``command``.
     ``spare``: (pid, start time in Unix seconds) of processes of the session not
     to signal; the report lists them with the outcome ``spared`` (docs/design.md §11).
+    ``ended_only``: only if the session is ended, its leftovers (docs/design.md §13).
 
     Raises:
-        NoSuchSession: the session is not active in the daemon's fresh observation.
+        NoSuchSession: the session is not active in the daemon's fresh observation
+            (with ``ended_only``, also when it is running: ``data["state"]`` is
+            ``"running"``).
         ValueError: ``grace_s`` is outside [0, 3600].
     """
     if not 0 <= grace_s <= MAX_PARAM_MS / 1000:
@@ -226,6 +234,8 @@ def terminate(
     spared = [{"pid": pid, "started_at": started_at} for pid, started_at in spare]
     if spared:
         params["spare"] = spared
+    if ended_only:
+        params["ended_only"] = True
     wait_s = grace_ms / 1000 + _TERMINATE_ALLOWANCE_S
     return Call("session.terminate", params, TerminateReport, min_timeout_s=wait_s)
 
@@ -274,12 +284,16 @@ def _as_method(method: M, build: Callable[..., Any]) -> M:
     return method
 
 
-def subscribe(since: int | None, commands: bool = False) -> Call[SubscribeResult]:
+def subscribe(
+    since: int | None, commands: bool = False, *, ports: bool = False
+) -> Call[SubscribeResult]:
     params: dict[str, Any] = {}
     if since is not None:
         params["since"] = since
     if commands:
         params["commands"] = True
+    if ports:
+        params["ports"] = True
     return Call("sessions.subscribe", params or None, SubscribeResult)
 
 
@@ -335,13 +349,14 @@ class SubscriptionBase:
         ConnectionLost: the daemon went away.
     """
 
-    def __init__(self, since: int | None, commands: bool) -> None:
+    def __init__(self, since: int | None, commands: bool, *, ports: bool = False) -> None:
         self._since = since
         self._commands = commands
+        self._ports = ports
         self.id: str | None = None
 
     def _subscribe(self) -> Call[SubscribeResult]:
-        return subscribe(self._since, self._commands)
+        return subscribe(self._since, self._commands, ports=self._ports)
 
     def _subscribed(self, core: ClientCore, result: SubscribeResult) -> str:
         self.id = result.subscription

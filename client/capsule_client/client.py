@@ -54,7 +54,9 @@ class Client(BaseClient):
     terminate = base.blocking(base.terminate)
     rescan = base.blocking(base.rescan)
 
-    def subscribe(self, *, since: int | None = None, commands: bool = False) -> Subscription:
+    def subscribe(
+        self, *, since: int | None = None, commands: bool = False, ports: bool = False
+    ) -> Subscription:
         """``sessions.subscribe``: iterate the answer's changes as they happen.
 
         >>> with client.subscribe() as changes:      # doctest: +SKIP
@@ -65,7 +67,7 @@ class Client(BaseClient):
         client's connection, so make calls from another client meanwhile.
         See :class:`Subscription`.
         """
-        return Subscription(self, since, commands)
+        return Subscription(self, since, commands, ports=ports)
 
     def call_raw(
         self, method: str, params: dict[str, Any] | None = None, *, min_timeout_s: float = 0.0
@@ -206,8 +208,10 @@ class Subscription(SubscriptionBase):
     daemon sends a change. Raises as :class:`~.base.SubscriptionBase` says.
     """
 
-    def __init__(self, client: Client, since: int | None, commands: bool = False) -> None:
-        super().__init__(since, commands)
+    def __init__(
+        self, client: Client, since: int | None, commands: bool = False, *, ports: bool = False
+    ) -> None:
+        super().__init__(since, commands, ports=ports)
         self._client = client
 
     def __enter__(self) -> Subscription:

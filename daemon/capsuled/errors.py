@@ -15,6 +15,7 @@ Tree::
     ├── ShuttingDown           -32005
     ├── PermissionDenied       -32006
     ├── NoSuchSession          -32007
+    │   └── SessionRunning     -32007 (``ended_only``: the session runs)
     └── InternalError          -32603 (an expected failure, logged without traceback)
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "Overloaded",
     "PermissionDenied",
     "RpcError",
+    "SessionRunning",
     "ShuttingDown",
     "UnsafePath",
 ]
@@ -91,6 +93,19 @@ class NoSuchSession(RpcError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"no such session: {session_id} is not active", {"session_id": session_id})
+        self.session_id = session_id
+
+
+class SessionRunning(NoSuchSession):
+    """``session.terminate`` with ``ended_only``: the session is running, not ended
+    (docs/design.md §13). Its ``data`` says so: ``{"session_id", "state": "running"}``."""
+
+    def __init__(self, session_id: str) -> None:
+        RpcError.__init__(
+            self,
+            f"no such ended session: {session_id} is running; nothing was signalled",
+            {"session_id": session_id, "state": "running"},
+        )
         self.session_id = session_id
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIO_NUMBERS = list(range(1, 21))
+SCENARIO_NUMBERS = list(range(1, 22))
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ def test_watch_prints_each_change_as_a_few_lines() -> None:
         change(4, full=True, added=[Session("ses_a", "ctx", [process(10)])]), now_s=NOW
     )
     assert "generation 4: 1 active session, discovery ready" in full
-    assert full.splitlines()[1:3] == ["  + ses_a [ctx]", "      exec  10  job 10"]
+    assert full.splitlines()[1:3] == ["  + ses_a [ctx]  running", "      exec  10  job 10"]
     later = printer.render(
         change(5, removed=["ses_a"], gaps=["a gap"], discovery="unavailable"), now_s=NOW
     )
@@ -77,9 +77,12 @@ def test_top_shows_cpu_and_memory_per_process() -> None:
     )
     lines = render_top(snapshot, now_s=NOW).splitlines()
     assert "1 sessions, 1 processes, 1 unowned" in lines[0]
-    assert lines[2].split() == ["SESSION", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND"]
-    assert lines[3].split() == ["ses_a", "10", "exec", "12.5", "3.0M", "1m30s", "job", "10"]
-    assert lines[4].split() == ["(unowned)", "11", "exec", "-", "-", "1m30s", "job", "11"]
+    head = ["SESSION", "STATE", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND"]
+    assert lines[2].split() == head
+    assert lines[3].split() == ["ses_a", "running", "-", "-"]  # no totals from this daemon
+    assert lines[4].split() == ["10", "exec", "12.5", "3.0M", "1m30s", "job", "10"]
+    assert lines[5].split() == ["(unowned)"]
+    assert lines[6].split() == ["11", "exec", "-", "-", "1m30s", "job", "11"]
 
 
 def test_watch_cuts_to_the_width_and_wide_shows_the_receipts() -> None:

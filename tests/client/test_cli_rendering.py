@@ -222,14 +222,15 @@ def layout_snapshot() -> ActiveSessionsSnapshot:
 def test_sessions_table_lists_command_lines_as_a_tree() -> None:
     table = render_sessions(layout_snapshot(), now_s=NOW)
     assert table.splitlines() == [
-        "SESSION        KIND             PID  AGE    COMMAND",
-        "ses_a [ctx_a]  exec             10   1m15s  sh -c 'npm run dev & (tsc --watch &)'",
-        "               descendant       20   1m10s   \\_ npm run dev",
-        "               descendant       21   1m09s      \\_ node server.js --port 3000",
-        "               descendant       23   1m10s   \\_ [parent exited] sleep 60",
-        "               descendant       22   1m10s   \\_ [parent 19 exited] tsc --watch",
-        "               provider_client  11   1h06m  oc (inp_x)",
-        "ses_b          process          12   0s     registered process",
+        "SESSION        STATE    KIND             PID  AGE    COMMAND",
+        "ses_a [ctx_a]  running  exec             10   1m15s  "
+        "sh -c 'npm run dev & (tsc --watch &)'",
+        "                        descendant       20   1m10s   \\_ npm run dev",
+        "                        descendant       21   1m09s      \\_ node server.js --port 3000",
+        "                        descendant       23   1m10s   \\_ [parent exited] sleep 60",
+        "                        descendant       22   1m10s   \\_ [parent 19 exited] tsc --watch",
+        "                        provider_client  11   1h06m  oc (inp_x)",
+        "ses_b          running  process          12   0s     registered process",
         "",
         "unowned:   1 live receipt nobody owns",
         "server:    pid 14 http://127.0.0.1:4096",
@@ -240,12 +241,12 @@ def test_sessions_table_lists_command_lines_as_a_tree() -> None:
 
 def test_sessions_table_is_cut_to_the_width_and_whole_when_wide() -> None:
     table = render_sessions(layout_snapshot(), now_s=NOW, width=60).splitlines()
-    assert table[1] == "ses_a [ctx_a]  exec             10   1m15s  sh -c 'npm run …"
+    assert table[1] == "ses_a [ctx_a]  running  exec             10   1m15s  sh -c …"
     assert all(len(line) <= 60 for line in table)
     assert table[-1] == "gap:       /h/runs/x: not a regular file"  # only the rows are cut
     wide = render_sessions(layout_snapshot(), now_s=NOW, width=60, wide=True).splitlines()
-    assert wide[0].split() == ["SESSION", "KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
-    assert wide[1].split()[5:8] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
+    assert wide[0].split() == ["SESSION", "STATE", "KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
+    assert wide[1].split()[6:9] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
     assert wide[1].endswith("sh -c 'npm run dev & (tsc --watch &)'")
     assert "inp_x (oc)" in wide[6] and "runs/r/inp_x/provider-clients/c.json" in wide[6]
 

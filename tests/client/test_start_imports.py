@@ -42,6 +42,7 @@ COMMANDS = {
         "ping",
         "status",
         "sessions",
+        "ports",
         "rescan",
         "metrics",
         "watch",
@@ -116,7 +117,7 @@ def session(daemon: DaemonProcess, procs: Processes) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("command", ["ping", "status", "sessions"])
+@pytest.mark.parametrize("command", ["ping", "status", "sessions", "ports"])
 def test_a_request_that_blocks_imports_its_command_and_no_anyio(
     command: str, session: dict[str, str]
 ) -> None:

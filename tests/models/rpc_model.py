@@ -136,6 +136,7 @@ def snapshot_params(params: Any) -> str | None:
             "since": lambda v: _int_in(v, 0, None),
             "usage": lambda v: isinstance(v, bool),
             "commands": lambda v: isinstance(v, bool),
+            "ports": lambda v: isinstance(v, bool),
         },
         (),
     )
@@ -144,7 +145,11 @@ def snapshot_params(params: Any) -> str | None:
 def subscribe_params(params: Any) -> str | None:
     return _named(
         params,
-        {"since": lambda v: _int_in(v, 0, None), "commands": lambda v: isinstance(v, bool)},
+        {
+            "since": lambda v: _int_in(v, 0, None),
+            "commands": lambda v: isinstance(v, bool),
+            "ports": lambda v: isinstance(v, bool),
+        },
         (),
     )
 
@@ -200,6 +205,7 @@ def terminate_params(params: Any) -> str | None:
             "grace_ms": lambda v: _int_in(v, 0, 3_600_000),
             "commands": lambda v: isinstance(v, bool),
             "spare": lambda v: isinstance(v, list) and len(v) <= 1024 and all(map(_spared, v)),
+            "ended_only": lambda v: isinstance(v, bool),
         },
         ("session_id",),
     )

@@ -62,6 +62,9 @@ COMMANDS: Final[dict[str, Command]] = {
     "sessions": Command(
         "active sessions with their live processes' command lines, unowned count and gaps"
     ),
+    "ports": Command(
+        "the ports the sessions' processes listen on; with PORT, which session holds it"
+    ),
     "rescan": Command("make the next observation walk the home from scratch"),
     "metrics": Command("the daemon's metrics in the OpenMetrics text format, as they came"),
     "watch": Command(
@@ -74,7 +77,8 @@ COMMANDS: Final[dict[str, Command]] = {
     ),
     "reconcile": Command("report (once) the background commands a prior session left unaccounted"),
     "terminate": Command(
-        "signal every process of an active session, SIGKILL what is left after the grace"
+        "signal every process of an active session, SIGKILL what is left after the grace; "
+        "--ended: every ended session's leftovers"
     ),
     "run": Command(
         "run CMD as a session nothing it starts escapes; report what it left at its exit",

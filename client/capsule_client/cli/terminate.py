@@ -1,18 +1,21 @@
 """``capsulectl terminate SESSION``: end a session's processes, show each outcome
-(docs/design.md §7)."""
+(docs/design.md §7); ``--ended``: every ended session's leftovers (§13,
+:mod:`.terminate_ended`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TextIO
 
 from .. import base
 from ..client import Client
 from ..wire import TerminateSignal
-from .exits import EXIT_OK
+from .exits import EXIT_OK, EXIT_USAGE
 from .options import DEFAULT_GRACE_S, grace_s, wide_argument
 from .render.terminate import render_terminate
 from .render.tree import terminal_width
+from .terminate_ended import ended_arguments, terminate_ended, usage_error
 
 __all__ = ["arguments", "run"]
 
@@ -28,8 +31,11 @@ def _signal(text: str) -> TerminateSignal:
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
-    """``SESSION [--signal S] [--wide] [--grace S]``."""
-    parser.add_argument("session_id", metavar="SESSION", help="an active session, ses_...")
+    """``SESSION | --ended [--older-than D] [--dry-run]``, ``[--signal S] [--wide] [--grace S]``."""
+    parser.add_argument(
+        "session_id", metavar="SESSION", nargs="?", help="an active session, ses_..."
+    )
+    ended_arguments(parser)
     parser.add_argument(
         "--signal",
         type=_signal,
@@ -49,7 +55,13 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Ask ``session.terminate`` with the command lines; print the report (``--json``: the
-    result). Errors are raised to ``main``."""
+    result). Errors are raised to ``main``. ``--ended``: :mod:`.terminate_ended`."""
+    error = usage_error(args)
+    if error is not None:
+        print(f"capsulectl terminate: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.ended:
+        return terminate_ended(client, args, out)
     if args.json:
         call = base.terminate(
             args.session_id, signal=args.signal, grace_s=args.grace, commands=True

@@ -21,9 +21,11 @@ from pydantic import BaseModel, Field
 from ..text import command_line, duration, inert, one_line, unsettled
 from ..wire import (
     ActiveSessionsSnapshot,
+    ListeningSocket,
     ProcessKind,
     Session,
     SessionProcess,
+    SessionState,
     TerminateOutcome,
     TerminateReport,
 )
@@ -31,6 +33,7 @@ from ..wire import (
 __all__ = [
     "COMMAND_MAX_CHARS",
     "Caller",
+    "PortInfo",
     "ProcessInfo",
     "SessionInfo",
     "SessionProcessesResult",
@@ -58,6 +61,14 @@ _YOURS: Final = (
     "the session this server runs in (CAPSULE_SESSION_ID, else the session that lists "
     "its agent host)"
 )
+
+
+class PortInfo(BaseModel):
+    """A socket a process listens on (docs/design.md §13 "Ports")."""
+
+    proto: str = Field(description="tcp (listening) or udp (bound, not connected)")
+    address: str = Field(description="the local address: 0.0.0.0 or :: for every interface")
+    port: int
 
 
 class ProcessInfo(BaseModel):
@@ -89,6 +100,22 @@ class ProcessInfo(BaseModel):
         None, description="CPU use over the last half second, 100 = one core (usage: true)"
     )
     rss_bytes: int | None = Field(None, description="resident memory, bytes (usage: true)")
+    ports: list[PortInfo] | None = Field(
+        None,
+        description="the sockets it listens on ([] none); null where the OS does not say "
+        "(another user's process)",
+    )
+
+
+_STATE = Field(
+    description="running while one of its own processes (the agent, its launcher, a "
+    "process with a receipt) lives; ended when only processes it left behind remain",
+)
+_ENDED_AT = Field(
+    None,
+    description="for an ended session: when its last own process went, Unix seconds "
+    "(null when capsuled did not see it go)",
+)
 
 
 class SessionInfo(BaseModel):
@@ -97,6 +124,16 @@ class SessionInfo(BaseModel):
     session_id: str
     context_id: str | None
     yours: bool = Field(description=_YOURS)
+    state: SessionState = _STATE
+    ended_at: float | None = _ENDED_AT
+    cpu_percent: float | None = Field(
+        None, description="its processes' CPU use added up, 100 = one core (usage: true)"
+    )
+    rss_bytes: int | None = Field(
+        None,
+        description="its processes' resident memory added up, bytes; a page two of them "
+        "share counts for each (usage: true)",
+    )
     processes: list[ProcessInfo]
 
 
@@ -120,6 +157,12 @@ class SessionProcessesResult(BaseModel):
     session_id: str
     context_id: str | None
     yours: bool = Field(description=_YOURS)
+    state: SessionState | None = Field(
+        None,
+        description="running, or ended when only processes it left behind remain; null when "
+        "nothing of it runs",
+    )
+    ended_at: float | None = _ENDED_AT
     processes: list[ProcessInfo]
     gaps: list[str] = Field(description="what the answer could not cover, in words")
 
@@ -208,16 +251,28 @@ def process_info(process: SessionProcess, observed_at: float, caller: Caller) ->
         this_agent=caller.is_this_agent(process.pid, process.started_at),
         cpu_percent=None if process.cpu_percent is UNSET else process.cpu_percent,
         rss_bytes=None if process.rss_bytes is UNSET else process.rss_bytes,
+        ports=_ports(process.ports),
     )
+
+
+def _ports(ports: list[ListeningSocket] | UnsetType | None) -> list[PortInfo] | None:
+    if not isinstance(ports, list):
+        return None
+    return [PortInfo(proto=s.proto, address=s.address, port=s.port) for s in ports]
 
 
 def session_info(session: Session, observed_at: float, caller: Caller) -> SessionInfo:
     """A wire session with its processes, as the tools return it: what the agent left
     first (oldest first), then the agent's own processes."""
+    usage = session.usage
     return SessionInfo(
         session_id=session.session_id,
         context_id=session.context_id,
         yours=session.session_id == caller.session_id,
+        state=session.state,
+        ended_at=None if isinstance(session.ended_at, UnsetType) else session.ended_at,
+        cpu_percent=None if isinstance(usage, UnsetType) else usage.cpu_percent,
+        rss_bytes=None if isinstance(usage, UnsetType) else usage.rss_bytes,
         processes=sorted(
             (process_info(p, observed_at, caller) for p in session.processes),
             key=lambda p: (p.this_agent, p.started_at, p.pid),
@@ -272,9 +327,25 @@ def _process_line(process: ProcessInfo) -> str:
     line = f"- pid {process.pid}: {what} — {how}, running for {duration(process.age_s)}"
     if process.cpu_percent is not None and process.rss_bytes is not None:
         line += f", CPU {process.cpu_percent:.0f}%, memory {process.rss_bytes / 2**20:.0f} MiB"
+    if process.ports:
+        listening = ", ".join(f"{p.proto} {_endpoint(p)}" for p in process.ports)
+        line += f", listening on {listening}"
     if process.this_agent:
         line += " (this agent)"
     return line
+
+
+def _endpoint(port: PortInfo) -> str:
+    address = f"[{port.address}]" if ":" in port.address else port.address
+    return f"{one_line(address)}:{port.port}"
+
+
+def _state_text(state: SessionState | None, ended_at: float | None, observed_at: float) -> str:
+    """`` — ended 2h ago, only what it left behind runs``, or "" while it runs."""
+    if state != "ended":
+        return ""
+    when = "" if ended_at is None else f" {duration(max(observed_at - ended_at, 0.0))} ago"
+    return f" — ended{when}: its own processes are gone, only what it left behind runs"
 
 
 def _lines(processes: Sequence[ProcessInfo], limit: int) -> Iterable[str]:
@@ -327,7 +398,10 @@ def sessions_text(result: SessionsResult, caller: Caller) -> str:
         head = f"{session.session_id}{' (yours)' if session.yours else ''}"
         if session.context_id is not None:
             head += f", context {one_line(session.context_id)}"
-        lines.append(f"{head}: {n} process{'' if n == 1 else 'es'}")
+        lines.append(
+            f"{head}: {n} process{'' if n == 1 else 'es'}"
+            + _state_text(session.state, session.ended_at, result.observed_at)
+        )
         lines.extend(_lines(session.processes, TEXT_PROCESSES_PER_SESSION))
     if result.unowned_receipts:
         lines.append(f"{result.unowned_receipts} live receipt processes belong to no session.")
@@ -347,7 +421,11 @@ def processes_text(result: SessionProcessesResult, caller: Caller) -> str:
     if n == 0:
         lines = [f"{whose} {result.session_id} has no live process: nothing of it runs."]
     else:
-        lines = [f"{whose} {result.session_id} has {n} live process{'' if n == 1 else 'es'}:"]
+        lines = [
+            f"{whose} {result.session_id} has {n} live process{'' if n == 1 else 'es'}"
+            + _state_text(result.state, result.ended_at, result.observed_at)
+            + ":"
+        ]
         lines.extend(_lines(result.processes, TEXT_PROCESSES))
     lines.extend(_gap_lines(result.gaps))
     if n:

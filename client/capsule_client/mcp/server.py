@@ -198,15 +198,16 @@ async def _daemon(options: McpOptions) -> AsyncIterator[AsyncClient]:
 
 
 async def _snapshot(client: AsyncClient, usage: bool) -> ActiveSessionsSnapshot:
-    """A read-your-writes answer; with ``usage``, CPU measured between two looks.
+    """A read-your-writes answer with each process's ports; with ``usage``, CPU measured
+    between two looks.
 
     Raises:
         ToolFailure: the answer is not ``ready``: it lists no session, whatever runs.
     """
-    snapshot = await client.snapshot(usage=usage, fresh=True, commands=True)
+    snapshot = await client.snapshot(usage=usage, fresh=True, commands=True, ports=True)
     if usage:
         await anyio.sleep(USAGE_INTERVAL_S)
-        snapshot = await client.snapshot(usage=True, fresh=True, commands=True)
+        snapshot = await client.snapshot(usage=True, fresh=True, commands=True, ports=True)
     if (text := unsettled_text(snapshot)) is not None:
         raise ToolFailure(text)
     return snapshot
@@ -268,6 +269,8 @@ async def _session_processes(
         session_id=wanted,
         context_id=None if info is None else info.context_id,
         yours=wanted == caller.session_id,
+        state=None if info is None else info.state,
+        ended_at=None if info is None else info.ended_at,
         processes=[] if info is None else info.processes,
         gaps=snapshot.gaps,
     )

@@ -51,9 +51,12 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
         since: a generation the caller already has; answer at once if the
             current one differs, else wait up to ``timeout_ms`` (long poll).
         usage: add each listed process's ``cpu_percent`` and ``rss_bytes``,
-            measured by the daemon when it answers (``capsulectl top``).
+            and each session's totals (``usage``), measured by the daemon when
+            it answers (``capsulectl top``, docs/design.md §13).
         commands: add each listed process's ``command``, its argv as the OS
             says it (docs/design.md §5 "What each process is").
+        ports: add each listed process's ``ports``, the sockets it listens
+            on (docs/design.md §13 "Ports").
     """
 
     task: str | None = None
@@ -62,6 +65,7 @@ class SnapshotParams(Struct, forbid_unknown_fields=True):
     since: Annotated[int, Meta(ge=0)] | None = None
     usage: bool = False
     commands: bool = False
+    ports: bool = False
 
 
 class SubscribeParams(Struct, forbid_unknown_fields=True):
@@ -74,10 +78,13 @@ class SubscribeParams(Struct, forbid_unknown_fields=True):
             (``full: true``).
         commands: every process the notifications list carries its
             ``command`` (docs/design.md §5 "What each process is").
+        ports: every process the notifications list carries its ``ports``
+            (docs/design.md §13 "Ports").
     """
 
     since: Annotated[int, Meta(ge=0)] | None = None
     commands: bool = False
+    ports: bool = False
 
 
 SubscriptionId = Annotated[str, Meta(min_length=1, max_length=128)]
@@ -135,6 +142,10 @@ class TerminateParams(Struct, forbid_unknown_fields=True):
             reported with the outcome ``spared`` (an agent stopping what it
             left running, not itself: docs/design.md §11). One that is not
             among the session's processes changes nothing.
+        ended_only: only if the session is ``ended`` in the fresh observation
+            (docs/design.md §13): a running session is not touched (-32007,
+            ``data.state`` ``running``), and processes that appear during the
+            grace are signalled only while it stays ended.
     """
 
     session_id: SessionName
@@ -142,6 +153,7 @@ class TerminateParams(Struct, forbid_unknown_fields=True):
     grace_ms: NonNegativeMs = DEFAULT_GRACE_MS
     commands: bool = False
     spare: Annotated[list[SpareProcess], Meta(max_length=MAX_SPARED)] = field(default_factory=list)
+    ended_only: bool = False
 
 
 #: Params type of each method; a method not listed here does not exist.

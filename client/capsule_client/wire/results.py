@@ -15,6 +15,7 @@ __all__ = [
     "DiscoveryCost",
     "DiscoveryState",
     "ExitWatchMode",
+    "ListeningSocket",
     "LostReport",
     "LostWork",
     "MetricsResult",
@@ -25,6 +26,8 @@ __all__ = [
     "ServerEntry",
     "Session",
     "SessionProcess",
+    "SessionState",
+    "SessionUsage",
     "SessionsChanged",
     "SessionsDropped",
     "StatusResult",
@@ -57,6 +60,9 @@ DiscoveryState = Literal["ready", "scanning", "unavailable"]
 WatcherMode = Literal["native", "polling", "off"]
 ProcessKind = Literal["provider_client", "exec", "process", "descendant"]
 ExitWatchMode = Literal["pidfd", "sampling"]
+#: ``running`` while one of the session's own processes lives, ``ended`` when only
+#: what it left behind (descendants) remains (docs/design.md §13).
+SessionState = Literal["running", "ended"]
 
 
 class DiscoveryCost(Struct):
@@ -82,6 +88,22 @@ class DiscoveryCost(Struct):
     process_stats: int = 0
     retained: int = 0
     dirty_paths: int = 0
+
+
+class ListeningSocket(Struct, gc=False, frozen=True):
+    """A socket a process listens on, with ``ports: true`` (docs/design.md §13 "Ports").
+
+    Attributes:
+        proto: ``tcp`` (a socket in the ``LISTEN`` state) or ``udp`` (bound to
+            a port and not connected: what ``ss -uln`` lists).
+        address: the local address as ``ipaddress`` writes it: ``0.0.0.0``,
+            ``127.0.0.1``, ``::``, ``::1``, ``::ffff:10.0.0.1``.
+        port: the local port.
+    """
+
+    proto: Literal["tcp", "udp"]
+    address: str
+    port: int
 
 
 class SessionProcess(Struct, omit_defaults=True, gc=False):
@@ -114,6 +136,10 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
         cpu_percent: CPU use since the daemon last measured this process
             (100 = one core; 0.0 the first time), only with ``usage: true``.
         rss_bytes: resident memory, bytes, only with ``usage: true``.
+        ports: the process's listening sockets, only with ``ports: true``
+            (docs/design.md §13 "Ports"): ``[]`` where it has none, ``None``
+            (JSON ``null``) where the OS does not say (another user's process,
+            whose descriptors it does not show).
     """
 
     kind: ProcessKind
@@ -129,14 +155,52 @@ class SessionProcess(Struct, omit_defaults=True, gc=False):
     command: list[str] | UnsetType | None = UNSET
     cpu_percent: float | UnsetType = UNSET
     rss_bytes: int | UnsetType = UNSET
+    ports: list[ListeningSocket] | UnsetType | None = UNSET
+
+
+class SessionUsage(Struct, gc=False):
+    """What a session's processes use together, with ``usage: true`` (docs/design.md §13).
+
+    Attributes:
+        cpu_percent: the sum of its processes' ``cpu_percent`` (100 = one core).
+        rss_bytes: the sum of its processes' ``rss_bytes``: a page two of them
+            share is counted once for each (as ``ps`` and ``top`` add them up).
+        processes: how many processes were measured (a process that exited
+            before it was measured is listed without figures, and not counted).
+    """
+
+    cpu_percent: float
+    rss_bytes: int
+    processes: int
 
 
 class Session(Struct):
-    """An active session: it owns at least one live process (docs/design.md §5)."""
+    """An active session: it owns at least one live process (docs/design.md §5, §13).
+
+    Attributes:
+        session_id: the session's id.
+        context_id: its context, ``None`` where the store names none.
+        processes: its live processes, its descendants among them.
+        state: ``running`` while one of its own processes lives (a receipt's
+            process or an owned (pid, start) row: the agent, the launcher);
+            ``ended`` when none does and only processes it left behind
+            (descendants) remain.
+        ended_at: only for an ``ended`` session: when the daemon saw its last
+            own process go, Unix seconds; ``None`` (JSON ``null``) when the
+            daemon did not see it go (it started, or started reading the home
+            afresh, after that).
+        usage: its processes' figures added up, only with ``usage: true``.
+
+    ``state`` is always sent; ``ended_at`` and ``usage`` are left out where they
+    do not apply (UNSET members are never encoded).
+    """
 
     session_id: str
     context_id: str | None
     processes: list[SessionProcess]
+    state: SessionState = "running"
+    ended_at: float | UnsetType | None = UNSET
+    usage: SessionUsage | UnsetType = UNSET
 
 
 class ServerEntry(Struct, omit_defaults=True):

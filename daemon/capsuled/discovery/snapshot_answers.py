@@ -20,6 +20,7 @@ from capsule_client.wire import ActiveSessionsSnapshot, SnapshotParams
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_commands
 from capsuled.processes.identity import Start
+from capsuled.processes.ports import with_ports
 from capsuled.processes.usage import UsageMeter, with_usage
 
 from .encoded_answer import EncodedAnswer, encoder
@@ -72,11 +73,11 @@ class SnapshotAnswers:
         """:meth:`snapshot`, encoded as JSON (the ``result`` of the reply), in parts.
 
         Joined, the parts are the JSON text; they are sent as they are
-        (:class:`~capsuled.discovery.encoded_answer.EncodedAnswer`). An answer with ``usage``
-        or ``commands`` is made for its request, so it is encoded for it alone.
+        (:class:`~capsuled.discovery.encoded_answer.EncodedAnswer`). An answer with ``usage``,
+        ``commands`` or ``ports`` is made for its request, so it is encoded for it alone.
         """
         answer = await self._answer(params)
-        if params.usage or params.commands:
+        if params.usage or params.commands or params.ports:
             made = await self._for_request(answer, params)
             return (encoder.encode(msgspec.structs.replace(made, task=params.task)),)
         return self._encoded.parts(answer, params.task)
@@ -105,10 +106,12 @@ class SnapshotAnswers:
     async def _for_request(
         self, answer: ActiveSessionsSnapshot, params: SnapshotParams
     ) -> ActiveSessionsSnapshot:
-        """``answer`` with what ``params`` asks to add: usage, commands."""
+        """``answer`` with what ``params`` asks to add: usage, commands, ports."""
         if params.commands:
             # Read-your-writes covers exec too: every process is checked now.
             answer = await with_commands(answer, self.argv, fresh=params.max_age_ms == 0)
+        if params.ports:
+            answer = await with_ports(answer)
         if params.usage:
             answer = await with_usage(answer, self._usage)
         return answer

@@ -33,6 +33,13 @@ Rules, and why:
   check them for an ``exec``: a session one of whose processes now runs
   another program is ``changed`` in the next notification, under the same
   generation (commands are not part of the answer generations count).
+* **Ports.** A subscription made with ``ports: true`` sends every process
+  with the sockets it listens on (:mod:`capsuled.processes.ports`), read for
+  each notification. Opening a socket makes no event the daemon hears, so
+  such a subscription checks them every :data:`~capsuled.processes.argv.RECHECK_S`
+  too (one reading of ``/proc/net`` a second): a session one of whose
+  processes starts or stops listening is ``changed``, under the same
+  generation (docs/design.md §13).
 * **Unsubscribe.** After the reply to ``sessions.unsubscribe``, no further
   notification of that subscription is sent (one already waiting for the
   send lock goes out before the reply).
@@ -64,6 +71,7 @@ from capsuled.common.tasks import TaskHost
 from capsuled.errors import Overloaded, ShuttingDown
 from capsuled.processes.argv import RECHECK_S, ArgvCache
 from capsuled.processes.commands import with_commands
+from capsuled.processes.ports import with_ports
 
 if TYPE_CHECKING:
     from capsuled.rpc.server import Connection
@@ -97,6 +105,7 @@ class _Subscription:
     connection: Connection
     base: ActiveSessionsSnapshot | None  # the answer sent last; None: send it whole
     commands: bool = False  # processes carry their argv
+    ports: bool = False  # processes carry their listening sockets
     replied: anyio.Event = field(default_factory=anyio.Event)
     wake: anyio.Event = field(default_factory=anyio.Event)
     sending: bool = False
@@ -196,10 +205,18 @@ class SubscriptionHub(TaskHost):
                     self._drop(sub, DROPPED_BEHIND)
             sub.wake.set()
 
-    def subscribe(self, connection: Connection, since: int | None, commands: bool = False) -> str:
+    def subscribe(
+        self,
+        connection: Connection,
+        since: int | None,
+        commands: bool = False,
+        *,
+        ports: bool = False,
+    ) -> str:
         """Open a subscription on ``connection``; its first notification follows the reply.
 
-        With ``commands``, its processes carry their argv (docs/design.md §5).
+        With ``commands``, its processes carry their argv (docs/design.md §5);
+        with ``ports``, their listening sockets (docs/design.md §13).
 
         Raises:
             Overloaded: the connection holds :data:`MAX_PER_CONNECTION` already.
@@ -216,7 +233,7 @@ class SubscriptionHub(TaskHost):
             )
         latest = self._latest()
         base = latest if latest is not None and since == latest.generation else None
-        sub = _Subscription(f"sub_{secrets.token_hex(8)}", connection, base, commands)
+        sub = _Subscription(f"sub_{secrets.token_hex(8)}", connection, base, commands, ports)
         self._subscriptions[sub.id] = sub
         connection.call_after_reply(sub.replied.set)
         self._tg.start_soon(self._run, sub)
@@ -246,8 +263,8 @@ class SubscriptionHub(TaskHost):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._end_with_connection, sub, tg.cancel_scope)
-                if sub.commands:
-                    tg.start_soon(self._recheck_commands, sub)
+                if sub.commands or sub.ports:
+                    tg.start_soon(self._recheck, sub)
                 await self._deliver(sub)
                 tg.cancel_scope.cancel()
         finally:
@@ -259,8 +276,9 @@ class SubscriptionHub(TaskHost):
         await sub.connection.closed.wait()
         scope.cancel()
 
-    async def _recheck_commands(self, sub: _Subscription) -> None:
-        """Wake ``sub`` every :data:`RECHECK_S` while the latest answer lists a process."""
+    async def _recheck(self, sub: _Subscription) -> None:
+        """Wake ``sub`` every :data:`RECHECK_S` while the latest answer lists a process
+        (an ``exec``, a socket opened or closed: nothing the daemon hears of)."""
         while True:
             await anyio.sleep(RECHECK_S)
             latest = self._latest()
@@ -269,8 +287,8 @@ class SubscriptionHub(TaskHost):
 
     async def _deliver(self, sub: _Subscription) -> None:
         await sub.replied.wait()
-        if sub.commands and sub.base is not None:  # what the client has, as it will be compared
-            sub.base = await with_commands(sub.base, self._argv)
+        if sub.base is not None:  # what the client has, as it will be compared
+            sub.base = await self._with_asked(sub, sub.base)
         if sub.base is None and self._latest() is not None:
             sub.wake.set()  # the whole answer first
         while True:
@@ -284,8 +302,7 @@ class SubscriptionHub(TaskHost):
             latest = self._latest()
             if latest is None:
                 continue
-            if sub.commands:
-                latest = await with_commands(latest, self._argv)
+            latest = await self._with_asked(sub, latest)
             params = _notification(sub.id, sub.base, latest)
             if params is None:
                 continue
@@ -294,6 +311,16 @@ class SubscriptionHub(TaskHost):
                 return
             sub.base = latest
             await anyio.sleep(SETTLE_S)
+
+    async def _with_asked(
+        self, sub: _Subscription, answer: ActiveSessionsSnapshot
+    ) -> ActiveSessionsSnapshot:
+        """``answer`` with what ``sub`` asked its processes to carry: argv, ports."""
+        if sub.commands:
+            answer = await with_commands(answer, self._argv)
+        if sub.ports:
+            answer = await with_ports(answer)
+        return answer
 
     @staticmethod
     async def _send(sub: _Subscription, method: str, params: object) -> bool:

@@ -71,7 +71,7 @@ def subscribe_handler(
 
     async def subscribe(params: SubscribeParams) -> SubscribeResult:
         connection = _connection()
-        subscription = hub.subscribe(connection, params.since, params.commands)
+        subscription = hub.subscribe(connection, params.since, params.commands, ports=params.ports)
         log.debug("subscribed", subscription=subscription, connection=connection.number)
         return SubscribeResult(subscription=subscription)
 

@@ -3,7 +3,10 @@
 The handler asks discovery for the session's processes in a fresh
 observation, hands them to :func:`capsuled.processes.terminate.terminate` (pidfds, the
 grace, then ``SIGKILL``), lets it ask again during the grace for processes
-that appeared since, and counts the outcomes.
+that appeared since, and counts the outcomes. With ``ended_only`` it touches
+a session only while it is ended (docs/design.md §13): every process it
+lists is then a descendant, since a session with a receipt's or an owned
+row's process is running.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ import structlog
 from capsule_client.wire import SnapshotParams, StatusTotals, TerminateParams, TerminateReport
 from capsuled.common.shortage import is_shortage, shortage_gap
 from capsuled.discovery.discovery import Discovery
-from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError
+from capsuled.errors import DiscoveryUnavailable, NoSuchSession, RpcError, SessionRunning
 from capsuled.metrics.collector import count_terminated
 from capsuled.processes.argv import ArgvCache
 from capsuled.processes.commands import with_target_commands
 from capsuled.processes.terminate import Target, terminate
 
-__all__ = ["SessionProcesses", "fresh_session_processes", "roots_first", "terminate_handler"]
+__all__ = [
+    "SessionProcesses",
+    "ended",
+    "fresh_session_processes",
+    "roots_first",
+    "terminate_handler",
+]
 
 log = structlog.get_logger("capsuled.handlers")
 
@@ -87,10 +96,12 @@ def terminate_handler(
             first signal (docs/design.md §5); None: a cache of its own.
 
     The handler raises ``NoSuchSession`` (-32007) when the session is not
-    active in the fresh observation, ``DiscoveryUnavailable`` (-32001) when
+    active in the fresh observation (with ``ended_only``: ``SessionRunning``,
+    -32007 too, when it is running), ``DiscoveryUnavailable`` (-32001) when
     that observation could not say. Once signalling has begun, an
     observation that fails during the grace only means no new processes
-    are found: the report still comes.
+    are found: the report still comes; with ``ended_only``, so does one that
+    finds the session running again.
     """
 
     cache = ArgvCache() if argv is None else argv
@@ -103,6 +114,8 @@ def terminate_handler(
         targets = await session_processes(session_id)
         if targets is None:
             raise NoSuchSession(session_id)
+        if params.ended_only and not ended(targets):
+            raise SessionRunning(session_id)
         targets = await named(targets, params.commands)
 
         async def more() -> list[Target]:
@@ -111,6 +124,8 @@ def terminate_handler(
             except RpcError as exc:  # unavailable, late, stopping: the ones known still end
                 log.debug("no fresh observation during the grace", error=exc.message)
                 return []
+            if params.ended_only and not ended(found):
+                return []  # it runs again: what it runs now is not a leftover
             return roots_first(await named(found, params.commands))
 
         try:
@@ -132,6 +147,12 @@ def terminate_handler(
         return report
 
     return handle
+
+
+def ended(targets: list[Target]) -> bool:
+    """Whether a session listing ``targets`` is ended: only descendants are left
+    (docs/design.md §13, the projection's rule)."""
+    return all(target.kind == "descendant" for target in targets)
 
 
 def roots_first(targets: list[Target]) -> list[Target]:

@@ -37,6 +37,7 @@ from capsule_client.wire import (
     ActiveSessionsSnapshot,
     LostReport,
     ProcessKind,
+    SessionState,
     StatusResult,
     StatusTotals,
 )
@@ -64,10 +65,12 @@ TERMINATE_OUTCOMES: Final = ("exited", "killed", "gone", "refused", "spared")
 #: clients choose method names, and a label must not grow with them.
 OTHER_METHOD: Final = "other"
 _KINDS: Final = typing.get_args(ProcessKind)
+_SESSION_STATES: Final = typing.get_args(SessionState)
 _DISCOVERY_STATES: Final = ("ready", "scanning", "unavailable")
 _WATCH_MODES: Final = ("native", "polling", "off")
 _TRUSTS: Final = ("trusted", "untrusted")
 _KIND: Final = operator.attrgetter("kind")
+_STATE: Final = operator.attrgetter("state")
 
 
 def count_reconcile(totals: StatusTotals, report: LostReport | None, marked: bool) -> None:
@@ -166,6 +169,7 @@ class _SnapshotFigures:
     def __init__(self, snapshot: ActiveSessionsSnapshot | None) -> None:
         self.snapshot = snapshot
         self.kinds = dict.fromkeys(_KINDS, 0)
+        self.states = dict.fromkeys(_SESSION_STATES, 0)
         if snapshot is None:
             self.sessions = self.unowned = self.gaps = self.servers = 0
             return
@@ -175,6 +179,7 @@ class _SnapshotFigures:
         self.servers = len(snapshot.servers)
         processes = itertools.chain.from_iterable(s.processes for s in snapshot.sessions)
         self.kinds.update(collections.Counter(map(_KIND, processes)))
+        self.states.update(collections.Counter(map(_STATE, snapshot.sessions)))
 
 
 class DaemonCollector(Collector):
@@ -240,6 +245,16 @@ def _discovery_families(status: StatusResult, figures: _SnapshotFigures) -> Iter
         "capsuled_sessions_active",
         "Agent sessions that own at least one live process, in the latest observation.",
         figures.sessions,
+    )
+    yield _labelled(
+        GaugeMetricFamily(
+            "capsuled_sessions",
+            "Active sessions in the latest observation, by state: running while one of its own "
+            "processes (a receipt's, an owned row's) lives, ended when only what it left behind "
+            "(descendants) remains.",
+            labels=("state",),
+        ),
+        sorted(figures.states.items()),
     )
     yield _labelled(
         GaugeMetricFamily(

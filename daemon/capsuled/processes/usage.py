@@ -1,7 +1,8 @@
 """Usage: a snapshot whose processes carry their CPU share and resident memory (``usage: true``).
 
 Measured for one request, in a worker thread, by :class:`UsageMeter`
-(docs/design.md §7).
+(docs/design.md §7); each session carries its processes' figures added up
+(``Session.usage``, docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import anyio
 import msgspec
 import psutil
 
-from capsule_client.wire import ActiveSessionsSnapshot, SessionProcess
+from capsule_client.wire import ActiveSessionsSnapshot, Session, SessionProcess, SessionUsage
 
 __all__ = ["UsageMeter", "with_usage"]
 
@@ -58,9 +59,11 @@ class UsageMeter:
 
 
 async def with_usage(answer: ActiveSessionsSnapshot, meter: UsageMeter) -> ActiveSessionsSnapshot:
-    """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``.
+    """A copy of ``answer`` whose processes carry ``cpu_percent`` and ``rss_bytes``, and
+    whose sessions carry their totals (``usage``).
 
-    A process the meter cannot find (gone, or reused) is listed as it was.
+    A process the meter cannot find (gone, or reused) is listed as it was and
+    left out of its session's totals.
     """
     processes = [*(p for s in answer.sessions for p in s.processes), *answer.unowned]
     keys = {(p.pid, p.started_at) for p in processes}
@@ -74,9 +77,23 @@ async def with_usage(answer: ActiveSessionsSnapshot, meter: UsageMeter) -> Activ
 
     return msgspec.structs.replace(
         answer,
-        sessions=[
-            msgspec.structs.replace(s, processes=[measured(p) for p in s.processes])
-            for s in answer.sessions
-        ],
+        sessions=[_totalled(s, [measured(p) for p in s.processes]) for s in answer.sessions],
         unowned=[measured(p) for p in answer.unowned],
     )
+
+
+def _totalled(session: Session, processes: list[SessionProcess]) -> Session:
+    """``session`` listing ``processes``, with the totals of those that were measured.
+
+    RSS is summed per process: a page two processes share counts once for
+    each (docs/design.md §13).
+    """
+    cpu = 0.0
+    rss = count = 0
+    for process in processes:
+        if isinstance(process.cpu_percent, float) and isinstance(process.rss_bytes, int):
+            cpu += process.cpu_percent
+            rss += process.rss_bytes
+            count += 1
+    usage = SessionUsage(cpu_percent=round(cpu, 1), rss_bytes=rss, processes=count)
+    return msgspec.structs.replace(session, processes=processes, usage=usage)

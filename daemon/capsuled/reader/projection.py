@@ -8,11 +8,19 @@ servers and gaps (docs/design.md §5 step 3, "Descendants", §7). It is
 incremental: each owner's receipt processes are kept sorted and updated by
 the moves the candidates journaled, and a list nothing changed is the
 previous one.
+
+Each session's ``state`` comes from the same lists (docs/design.md §13): it
+is ``running`` while it lists a receipt's process or an owned row's, and
+``ended`` when only descendants are left. The projection remembers which
+sessions it last listed running, so the one that lists a session ended for
+the first time stamps its ``ended_at``: when the daemon saw the last own
+process go, with no timer of its own (an exit wakes an observation).
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -20,7 +28,7 @@ from typing import Final
 import msgspec
 
 from capsule_client.kit.receipts import SERVER_TOLERANCE_S, ServerRegistryEntry
-from capsule_client.wire import ServerEntry, Session, SessionProcess
+from capsule_client.wire import ServerEntry, Session, SessionProcess, SessionState
 from capsuled.processes.descendants import Descendant
 from capsuled.processes.sample import ProcessSample, matches_start
 
@@ -94,9 +102,17 @@ class Projection:
         self._answer: Answer | None = None
         self._contexts_revision = 0
         self._gaps_key: tuple[object, ...] | None = None
+        # The sessions the last projection listed running; those it listed ended,
+        # with when they were first listed so (None: never seen running here).
+        self._running: set[str] = set()
+        self._ended: dict[str, float | None] = {}
 
     def forget(self) -> None:
-        """Build the next answer from scratch (the cache behind it may be half updated)."""
+        """Build the next answer from scratch (the cache behind it may be half updated).
+
+        Which sessions ran and when they ended is kept: that is what the daemon
+        saw, not part of the cache.
+        """
         self._answer = None
 
     def project(self, inputs: Inputs) -> Answer:
@@ -162,24 +178,39 @@ class Projection:
         sessions: list[Session] = []
         by_id: dict[str, Session] = {}
         owners = {owner for owner in self._groups if owner is not None}
+        running: set[str] = set()
+        ended: dict[str, float | None] = {}
         for session_id in sorted(owners | owned_processes.keys() | descendants.keys()):
             processes = owned_processes.get(session_id)
             started = descendants.get(session_id)
             session = previous.by_id.get(session_id)
             context = contexts.get(session_id)
+            state: SessionState = "running"
+            ended_at: float | msgspec.UnsetType | None = msgspec.UNSET
+            if self._groups.get(session_id) or processes:
+                running.add(session_id)
+            else:  # only what it left behind: ended, since the first projection that saw it so
+                state = "ended"
+                ended_at = self._ended.get(session_id, msgspec.UNSET)
+                if isinstance(ended_at, msgspec.UnsetType):
+                    ended_at = time.time() if session_id in self._running else None
+                ended[session_id] = ended_at
             if (
                 session is None
                 or session_id in dirty
                 or session.context_id != context  # a session active through rows alone too
+                or session.state != state
+                or session.ended_at != ended_at
                 or processes != previous.owned_processes.get(session_id)
                 or started != previous.descendants.get(session_id)
             ):
                 listed = self._groups.get(session_id, [])
                 if processes or started:
                     listed = sorted([*listed, *(processes or ()), *(started or ())], key=order)
-                session = Session(session_id, context, listed)
+                session = Session(session_id, context, listed, state=state, ended_at=ended_at)
             sessions.append(session)
             by_id[session_id] = session
+        self._running, self._ended = running, ended
         if len(sessions) == len(previous.sessions) and all(
             new is old for new, old in zip(sessions, previous.sessions, strict=True)
         ):

@@ -41,6 +41,7 @@ NODE_EXPORTER = "prometheus-node-exporter"
 #: Every family the daemon exposes, with its type: a new family needs a check here.
 FAMILIES = {
     "capsuled_sessions_active": "gauge",
+    "capsuled_sessions": "gauge",
     "capsuled_session_processes": "gauge",
     "capsuled_unowned_receipts": "gauge",
     "capsuled_servers_live": "gauge",

@@ -367,7 +367,10 @@ def test_capsulectl_top_once_shows_processes_with_cpu_and_memory(
     assert capsulectl(argv, out=out) == 0
     text = out.getvalue()
     assert "CPU%" in text and "RSS" in text
-    row = next(line for line in text.splitlines() if line.startswith("ses_t"))
+    lines = text.splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith("ses_t"))
+    assert lines[at].split()[:2] == ["ses_t", "running"]  # the session's row, its totals
+    row = lines[at + 1]  # its process
     assert str(process.pid) in row and "sleep 300" in row
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "render_sessions",
     "render_status",
     "render_top",
+    "session_state",
 ]
 
 #: The encoder for ``--json`` output the client built itself (``top``, ``watch``).
@@ -119,6 +120,17 @@ def _age(unix_s: float) -> str:
     return duration(max(time.time() - unix_s, 0.0))
 
 
+def session_state(session: Session, now_s: float) -> str:
+    """A session's state for people (docs/design.md §13): ``running``, or ``ended 2h ago,
+    3 left`` (``ended, 3 left`` when the daemon did not see it end)."""
+    if session.state != "ended":
+        return session.state
+    left = f"{len(session.processes)} left"
+    if isinstance(session.ended_at, (int, float)):
+        return f"ended {duration(max(now_s - session.ended_at, 0.0))} ago, {left}"
+    return f"ended, {left}"
+
+
 def _what(process: SessionProcess) -> str:
     """What a process is, for people: its command, or its provider and input."""
     if isinstance(process.receipt_command, str):
@@ -177,28 +189,30 @@ def render_sessions(
 ) -> str:
     """A snapshot as a table for people: sessions and their processes, then the rest.
 
-    Columns: session, kind, pid, age (since the process started), with
-    ``wide`` the receipt's id and path, and the command line (docs/design.md
-    §5; what the receipt says where the daemon gave none), descendants
-    indented under their parents. Each row is cut to ``width`` characters
+    Columns: session, its state (on its first row: ``running``, or ``ended 2h
+    ago, 3 left``, docs/design.md §13), kind, pid, age (since the process
+    started), with ``wide`` the receipt's id and path, and the command line
+    (docs/design.md §5; what the receipt says where the daemon gave none),
+    descendants indented under their parents. Each row is cut to ``width`` characters
     (None, or ``wide``: whole). Then the unowned count, the servers, the discovery state
     and every gap.
     """
     now = time.time() if now_s is None else now_s
     width = None if wide else width
-    head: tuple[str, ...] = ("SESSION", "KIND", "PID", "AGE")
+    head: tuple[str, ...] = ("SESSION", "STATE", "KIND", "PID", "AGE")
     rows: list[tuple[str, ...]] = [(*head, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
     for session in snapshot.sessions:
         name = one_line(session.session_id)
         if session.context_id:
             name += f" [{one_line(session.context_id)}]"
+        state = session_state(session, now)
         for row in tree(session.processes):
             process = row.process
             assert isinstance(process, SessionProcess)
             age = duration(max(now - process.started_at, 0.0))
             ids = _ids(process) if wide else ()
-            rows.append((name, process.kind, str(process.pid), age, *ids, _command(row)))
-            name = ""
+            rows.append((name, state, process.kind, str(process.pid), age, *ids, _command(row)))
+            name = state = ""
     lines: list[str] = []
     if len(rows) > 1:
         lines.extend(cut(line, width) for line in _aligned(rows))
@@ -236,7 +250,8 @@ class ChangePrinter:
         """The text for one change, ending with a newline."""
         if self.json_lines:
             return JSON_ENCODER.encode(change).decode() + "\n"
-        clock = datetime.fromtimestamp(time.time() if now_s is None else now_s).strftime("%H:%M:%S")
+        now = time.time() if now_s is None else now_s
+        clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
         if change.full:
             count = len(change.added)
             head = (
@@ -252,7 +267,7 @@ class ChangePrinter:
             return "\n".join(cut(line, self.width) for line in lines) + "\n"
         for mark, sessions in (("+", change.added), ("~", change.changed)):
             for session in sessions:
-                lines.extend(_session_lines(mark, session, self.wide))
+                lines.extend(_session_lines(mark, session, self.wide, now))
         lines.extend(f"  - {one_line(session_id)}" for session_id in change.removed)
         if change.discovery != self._discovery and not change.full:
             lines.append(f"  discovery {change.discovery}")
@@ -267,11 +282,13 @@ class ChangePrinter:
         return "\n".join(cut(line, self.width) for line in lines) + "\n"
 
 
-def _session_lines(mark: str, session: Session, wide: bool) -> list[str]:
-    """A session that was added (``+``) or changed (``~``), then its processes as a tree."""
+def _session_lines(mark: str, session: Session, wide: bool, now_s: float) -> list[str]:
+    """A session that was added (``+``) or changed (``~``) with its state, then its
+    processes as a tree."""
     name = one_line(session.session_id)
     if session.context_id:
         name += f" [{one_line(session.context_id)}]"
+    name += f"  {session_state(session, now_s)}"
     rows: list[tuple[str, ...]] = []
     for row in tree(session.processes):
         process = row.process
@@ -281,6 +298,19 @@ def _session_lines(mark: str, session: Session, wide: bool) -> list[str]:
     return [f"  {mark} {name}", *_aligned(rows)] if rows else [f"  {mark} {name}"]
 
 
+def _session_cpu(session: Session) -> float:
+    """A session's CPU %: its totals', else its processes' added up (an older daemon)."""
+    if not isinstance(session.usage, msgspec.UnsetType):
+        return session.usage.cpu_percent
+    return sum(p.cpu_percent for p in session.processes if isinstance(p.cpu_percent, float))
+
+
+def _top_order(session: Session) -> tuple[float, bool, str]:
+    """``top``'s order: the busiest session first; among equals, an ended session's
+    leftovers first (what nobody needs any more), then by id."""
+    return (-_session_cpu(session), session.state != "ended", session.session_id)
+
+
 def render_top(
     snapshot: ActiveSessionsSnapshot,
     *,
@@ -288,24 +318,43 @@ def render_top(
     width: int | None = None,
     wide: bool = False,
 ) -> str:
-    """A snapshot measured with ``usage: true`` as a table: one row per process,
-    its command line last (``wide``: the receipt's id and path before it), each
-    row cut to ``width`` characters (None: whole)."""
+    """A snapshot measured with ``usage: true`` as a table: one row per session with its
+    state and totals (docs/design.md §13), the busiest first, then one row per process,
+    its command line last (``wide``: the receipt's id and path before it), each row cut
+    to ``width`` characters (None: whole)."""
     now = time.time() if now_s is None else now_s
     width = None if wide else width
     processes = sum(len(session.processes) for session in snapshot.sessions)
+    ended = sum(session.state == "ended" for session in snapshot.sessions)
     clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
     head = (
-        f"capsuled top - {clock} - {len(snapshot.sessions)} sessions, {processes} processes, "
+        f"capsuled top - {clock} - {len(snapshot.sessions)} sessions"
+        f"{f' ({ended} ended)' if ended else ''}, {processes} processes, "
         f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
         f"generation {snapshot.generation}"
     )
-    columns = ("SESSION", "PID", "KIND", "CPU%", "RSS", "AGE")
+    columns = ("SESSION", "STATE", "PID", "KIND", "CPU%", "RSS", "AGE")
     rows: list[tuple[str, ...]] = [(*columns, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
-    listed = [(one_line(s.session_id), s.processes) for s in snapshot.sessions]
+    blank = ("",) * (2 if wide else 0)
+    listed: list[tuple[tuple[str, ...], list[SessionProcess]]] = []
+    for session in sorted(snapshot.sessions, key=_top_order):
+        usage = session.usage
+        total = (
+            ("-", "-")
+            if isinstance(usage, msgspec.UnsetType)
+            else (f"{usage.cpu_percent:.1f}", _bytes(usage.rss_bytes))
+        )
+        name = one_line(session.session_id)
+        listed.append(
+            (
+                (name, session_state(session, now), "", "", *total, "", *blank, ""),
+                session.processes,
+            )
+        )
     if snapshot.unowned:
-        listed.append(("(unowned)", snapshot.unowned))
-    for name, members in listed:
+        listed.append((("(unowned)", "", "", "", "", "", "", *blank, ""), snapshot.unowned))
+    for heading, members in listed:
+        rows.append(heading)
         for row in tree(members):
             process = row.process
             assert isinstance(process, SessionProcess)
@@ -313,7 +362,8 @@ def render_top(
             rss = process.rss_bytes
             rows.append(
                 (
-                    name,
+                    "",
+                    "",
                     str(process.pid),
                     process.kind,
                     "-" if isinstance(cpu, msgspec.UnsetType) else f"{cpu:.1f}",
@@ -323,11 +373,10 @@ def render_top(
                     _command(row),
                 )
             )
-            name = ""
     lines = [head, ""]  # only the rows are cut: the heading's generation stays whole
     if said := unsettled(snapshot.discovery, snapshot.gaps):  # it lists nothing: no table
         return "\n".join([*lines, *said])
-    lines.extend(cut(line, width) for line in _aligned(rows, frozenset({1, 3, 4, 5})))
+    lines.extend(cut(line, width) for line in _aligned(rows, frozenset({2, 4, 5, 6})))
     if len(rows) == 1:
         lines.append("no active sessions")
     lines.extend(f"gap: {one_line(gap)}" for gap in snapshot.gaps)
