@@ -22,10 +22,12 @@ from helpers.world import World
 
 from capsule_client.wire import Session
 from capsuled.processes.descendants import Descendant
+from capsuled.processes.identity import Start
 from capsuled.reader.candidates import Candidates
 from capsuled.reader.errors import Errors
 from capsuled.reader.ownership import Owners
 from capsuled.reader.projection import Inputs, Projection
+from capsuled.reader.store import ProcessRow
 
 
 class Shells:
@@ -158,7 +160,7 @@ def _inputs(owners: Owners, descendants: dict[tuple[int, int], Descendant]) -> I
     return Inputs(
         candidates=Candidates(),
         owners=owners,
-        sample={1000: 1_700_000_000.0},
+        sample={1000: Start(1_700_000_000.0)},
         servers=[],
         errors=Errors(),
         home_gap=None,
@@ -177,7 +179,7 @@ def test_a_session_first_seen_ended_has_no_end_time() -> None:
 def test_a_session_seen_running_then_ended_has_its_end_time_kept_across_a_forget() -> None:
     projection = Projection()
     owners = Owners()
-    owners.rows = {1000: [(1_700_000_000, "ses_x")]}
+    owners.rows = {1000: [ProcessRow(1_700_000_000, "ses_x")]}
     left = {(2000, 1_700_000_001): Descendant(2000, 1_700_000_001, 1000, 1000, "ses_x")}
     assert projection.project(_inputs(owners, left)).sessions[0].state == "running"
     owners.rows = {}
