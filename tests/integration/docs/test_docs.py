@@ -1,9 +1,10 @@
-"""The docs run: README.md, docs/sessions.md and docs/protocol.md, against real daemons.
+"""The docs run: README.md, CONTRIBUTING.md, docs/sessions.md and docs/protocol.md,
+against real daemons.
 
 Each document gets a shell of its own in a fresh directory: ``XDG_RUNTIME_DIR``
 unset (as in containers, under ``su`` and over ssh), ``CAPSULE_HOME`` a fresh
-home served by a real daemon, the venv's commands *not* on ``PATH`` until the
-README's ``setup`` block puts them there. The marked blocks (tests/helpers/doc_blocks.py
+home served by a real daemon, the venv's commands *not* on ``PATH`` until
+CONTRIBUTING.md's ``setup`` block puts them there. The marked blocks (tests/helpers/doc_blocks.py
 says how blocks are marked) then run in order, each command checked for its
 exit status and the sample outputs for their shape. ``/tmp/`` in a block is
 this test's own directory. A command that starts the daemon in the
@@ -43,7 +44,14 @@ from helpers.doc_blocks import (
 from benchmarks.scenarios import SCENARIOS
 
 ROOT = Path(__file__).parents[3]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "sessions.md", ROOT / "docs" / "protocol.md"]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "docs" / "sessions.md",
+    ROOT / "docs" / "protocol.md",
+]
+#: The document whose ``setup`` block every document's shell runs first.
+SETUP = ROOT / "CONTRIBUTING.md"
 #: The longest a documented command may take (the daemon answers in milliseconds).
 COMMAND_TIMEOUT_S = 30.0
 _DAEMON_START = re.compile(r"^(?:make run|(?:\.venv/bin/)?capsuled)(?=\s|$)(?P<args>[^#]*)")
@@ -277,16 +285,16 @@ def run_document(path: Path, setup: list[Block]) -> None:
 
 @pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
 def test_the_documents_run_as_written(path: Path) -> None:
-    setup = [block for block in marked_blocks(ROOT / "README.md") if block.kind == "setup"]
-    assert setup, "README.md says how to put the venv's commands on PATH"
+    setup = [block for block in marked_blocks(SETUP) if block.kind == "setup"]
+    assert setup, f"{SETUP.name} says how to put the venv's commands on PATH"
     run_document(path, setup)
 
 
-def test_every_document_has_marked_blocks_and_the_readme_counts_the_scenarios() -> None:
+def test_every_document_has_marked_blocks_and_contributing_counts_the_scenarios() -> None:
     for path in DOCS:
         assert any(block.kind in ("run", "exchange") for block in marked_blocks(path)), path
-    readme = (ROOT / "README.md").read_text()
-    assert f"runs {len(SCENARIOS)} scenarios" in readme
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert f"runs {len(SCENARIOS)} scenarios" in contributing
 
 
 def test_a_sample_that_no_longer_fits_fails() -> None:
