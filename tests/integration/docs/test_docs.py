@@ -9,9 +9,10 @@ says how blocks are marked) then run in order, each command checked for its
 exit status and the sample outputs for their shape. ``/tmp/`` in a block is
 this test's own directory. A command that starts the daemon in the
 foreground (``make run``, ``capsuled ...``) starts the tests' launcher
-instead, on the home and socket that command would serve, replacing one
-already serving that socket (as stopping shell 1's daemon and starting
-another would).
+instead, on the home and socket that command would serve, replacing the
+test's own daemon there (as a daemon a user started before, stopped first).
+A second one on a socket a daemon the document started still serves fails:
+in a shell it would exit 1, "already running".
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class DocShell:
         }
         self.state.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
         self.daemons: dict[Path, DaemonProcess] = {}
+        self.started: set[Path] = set()  # sockets a daemon the document started serves
         self.printed = ""  # everything the commands printed, for the placeholders
         self.bound: dict[str, str] = {}  # sample tokens -> what was printed in their place
         self.last = ""  # what the last command printed
@@ -112,14 +114,24 @@ class DocShell:
         script = f'set -a; . "{self.state}"; printf %s "${{{name}:-}}"'
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
 
-    def start_daemon(self, args: list[str]) -> None:
-        """Start the launcher where ``capsuled ARGS`` would serve, in this shell's environment."""
+    def start_daemon(self, args: list[str], block: Block | None = None) -> None:
+        """Start the launcher where ``capsuled ARGS`` would serve, in this shell's environment.
+
+        ``block``: the document's block that starts it; a second daemon it
+        starts on a socket its first one serves fails the test.
+        """
         home = Path(self.variable("CAPSULE_HOME") or f"{self.variable('XDG_STATE_HOME')}/capsule")
         runtime = self.variable("XDG_RUNTIME_DIR")
         socket_path = Path(
             self.variable("CAPSULED_SOCKET")
             or (f"{runtime}/capsuled.sock" if runtime else f"{home}/capsuled.sock")
         )
+        if block is not None:
+            assert socket_path not in self.started, (
+                f"{block.where}: a second daemon on {socket_path}, which the daemon the "
+                "document started serves: in a shell it exits 1 (already running)"
+            )
+            self.started.add(socket_path)
         if (running := self.daemons.pop(socket_path, None)) is not None:
             assert running.stop() == 0, running.log_tail()
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -155,7 +167,7 @@ class DocShell:
         command = self.resolve(command, block)
         start = _DAEMON_START.match(command)
         if start is not None and block.kind == "run":
-            self.start_daemon(shlex.split(start["args"]))
+            self.start_daemon(shlex.split(start["args"]), block)
             return
         if block.lang == "python":
             command = f"python - <<'DOC_TEST_PYTHON'\n{command}\nDOC_TEST_PYTHON"
