@@ -7,8 +7,8 @@ is a marker, an HTML comment (invisible on GitHub)::
 
 Kinds:
 
-* ``setup``: a shell block run first in every document's shell (README.md's
-  line that puts the venv's commands on ``PATH``);
+* ``setup``: a shell block run first in every document's shell
+  (CONTRIBUTING.md's line that puts the venv's commands on ``PATH``);
 * ``run``: a shell (``sh``) or ``python`` block, run command by command.
   Options: ``status=N`` (each command's exit status, default 0),
   ``interrupt-after=S`` (a command still running S seconds after its first

@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -26,8 +27,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from capsule_client.wire import METHOD_PARAMS
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reliability.md"
+NOTES = ROOT / "docs" / "reliability-notes.md"
 
 #: The reliability tests (bad input, load, faults), in the order the page presents them.
 TESTS = [
@@ -57,14 +61,35 @@ Regenerate this page (it takes several minutes on two cores):
 
 which runs `pytest` on {tests} with `CAPSULED_HARDENING_FULL=1` and rewrites
 this file from what the tests measured. `CAPSULED_FUZZ_EXAMPLES=N` overrides
-the number of fuzzing examples.
+the number of fuzzing examples. The sections after the measured ones, how
+the faults are made and the limits worth knowing, are written by hand in
+`docs/reliability-notes.md` and copied in. The kinds of failure these tests
+found, each fixed for its kind, are in `docs/history/README.md`.
 """
+
+
+def _cell(value: Any) -> str:
+    """A value whole in one table cell: its pipes escaped, its lines joined, and a
+    ``<`` that could open an HTML tag (``<home>``) written as an entity, shown as it is."""
+    text = " ".join(str(value).split("\n")).replace("|", "\\|")
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
 
 
 def _table(rows: list[tuple[str, Any]]) -> str:
     lines = ["| figure | value |", "| --- | --- |"]
-    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += [f"| {_cell(name)} | {_cell(value)} |" for name, value in rows]
     return "\n".join(lines)
+
+
+def _methods_fuzzed(fuzzed: list[str]) -> str:
+    """The methods fuzzed, counted against every method the daemon serves
+    (``capsule_client.wire.METHOD_PARAMS``), naming those the run left out."""
+    served = sorted(METHOD_PARAMS)
+    left_out = [m for m in served if m not in fuzzed]
+    text = f"{len(fuzzed)} of the {len(served)} served: " + ", ".join(f"`{m}`" for m in fuzzed)
+    if left_out:
+        text += "; not fuzzed in this run: " + ", ".join(f"`{m}`" for m in left_out)
+    return text
 
 
 def _latency_rows(prefix: str, figures: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -97,7 +122,7 @@ def render_fuzz(f: dict[str, Any]) -> str:
                 ("reply lines checked", f"{f['replies']:,}"),
                 ("documented closes (line over 1 MiB)", f"{f['documented_closes']:,}"),
                 ("data sent", f"{f['mib_sent']} MiB"),
-                ("methods fuzzed", ", ".join(f"`{m}`" for m in f["methods"])),
+                ("methods fuzzed", _methods_fuzzed(f["methods"])),
                 ("wall time", f"{f['elapsed_s']} s"),
                 ("daemon deaths, unanswered messages", "0"),
             ]
@@ -199,6 +224,13 @@ def environment() -> str:
     )
 
 
+def notes_section(text: str) -> str:
+    """docs/reliability-notes.md as the page shows it: from its first section on
+    (its own title and the paragraph saying what it is stay behind)."""
+    start = text.find("\n## ")
+    return text[start:].strip() if start >= 0 else ""
+
+
 def render(figures: dict[str, dict[str, Any]], notes: str) -> str:
     names = [n for n in ORDER if n in figures] + sorted(set(figures) - set(ORDER))
     sections = [INTRO.format(tests=", ".join(f"`{t}`" for t in TESTS))]
@@ -248,9 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         if not figures:
             print("reliability: the tests wrote no figures", file=sys.stderr)
             return 1
-    notes_path = ROOT / "docs" / "reliability-notes.md"
-    notes = notes_path.read_text().strip() if notes_path.exists() else ""
-    page = render(figures, notes)
+    page = render(figures, notes_section(NOTES.read_text()))
     if args.ci:
         print(page)
         return 0

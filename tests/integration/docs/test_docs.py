@@ -1,16 +1,18 @@
-"""The docs run: README.md, docs/sessions.md and docs/protocol.md, against real daemons.
+"""The docs run: README.md, CONTRIBUTING.md, docs/sessions.md and docs/protocol.md,
+against real daemons.
 
 Each document gets a shell of its own in a fresh directory: ``XDG_RUNTIME_DIR``
 unset (as in containers, under ``su`` and over ssh), ``CAPSULE_HOME`` a fresh
-home served by a real daemon, the venv's commands *not* on ``PATH`` until the
-README's ``setup`` block puts them there. The marked blocks (tests/helpers/doc_blocks.py
+home served by a real daemon, the venv's commands *not* on ``PATH`` until
+CONTRIBUTING.md's ``setup`` block puts them there. The marked blocks (tests/helpers/doc_blocks.py
 says how blocks are marked) then run in order, each command checked for its
 exit status and the sample outputs for their shape. ``/tmp/`` in a block is
 this test's own directory. A command that starts the daemon in the
 foreground (``make run``, ``capsuled ...``) starts the tests' launcher
-instead, on the home and socket that command would serve, replacing one
-already serving that socket (as stopping shell 1's daemon and starting
-another would).
+instead, on the home and socket that command would serve, replacing the
+test's own daemon there (as a daemon a user started before, stopped first).
+A second one on a socket a daemon the document started still serves fails:
+in a shell it would exit 1, "already running".
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ from helpers.doc_blocks import (
 from benchmarks.scenarios import SCENARIOS
 
 ROOT = Path(__file__).parents[3]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "sessions.md", ROOT / "docs" / "protocol.md"]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "docs" / "sessions.md",
+    ROOT / "docs" / "protocol.md",
+]
+#: The document whose ``setup`` block every document's shell runs first.
+SETUP = ROOT / "CONTRIBUTING.md"
 #: The longest a documented command may take (the daemon answers in milliseconds).
 COMMAND_TIMEOUT_S = 30.0
 _DAEMON_START = re.compile(r"^(?:make run|(?:\.venv/bin/)?capsuled)(?=\s|$)(?P<args>[^#]*)")
@@ -94,6 +103,7 @@ class DocShell:
         }
         self.state.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
         self.daemons: dict[Path, DaemonProcess] = {}
+        self.started: set[Path] = set()  # sockets a daemon the document started serves
         self.printed = ""  # everything the commands printed, for the placeholders
         self.bound: dict[str, str] = {}  # sample tokens -> what was printed in their place
         self.last = ""  # what the last command printed
@@ -104,14 +114,24 @@ class DocShell:
         script = f'set -a; . "{self.state}"; printf %s "${{{name}:-}}"'
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout
 
-    def start_daemon(self, args: list[str]) -> None:
-        """Start the launcher where ``capsuled ARGS`` would serve, in this shell's environment."""
+    def start_daemon(self, args: list[str], block: Block | None = None) -> None:
+        """Start the launcher where ``capsuled ARGS`` would serve, in this shell's environment.
+
+        ``block``: the document's block that starts it; a second daemon it
+        starts on a socket its first one serves fails the test.
+        """
         home = Path(self.variable("CAPSULE_HOME") or f"{self.variable('XDG_STATE_HOME')}/capsule")
         runtime = self.variable("XDG_RUNTIME_DIR")
         socket_path = Path(
             self.variable("CAPSULED_SOCKET")
             or (f"{runtime}/capsuled.sock" if runtime else f"{home}/capsuled.sock")
         )
+        if block is not None:
+            assert socket_path not in self.started, (
+                f"{block.where}: a second daemon on {socket_path}, which the daemon the "
+                "document started serves: in a shell it exits 1 (already running)"
+            )
+            self.started.add(socket_path)
         if (running := self.daemons.pop(socket_path, None)) is not None:
             assert running.stop() == 0, running.log_tail()
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -147,7 +167,7 @@ class DocShell:
         command = self.resolve(command, block)
         start = _DAEMON_START.match(command)
         if start is not None and block.kind == "run":
-            self.start_daemon(shlex.split(start["args"]))
+            self.start_daemon(shlex.split(start["args"]), block)
             return
         if block.lang == "python":
             command = f"python - <<'DOC_TEST_PYTHON'\n{command}\nDOC_TEST_PYTHON"
@@ -277,16 +297,16 @@ def run_document(path: Path, setup: list[Block]) -> None:
 
 @pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
 def test_the_documents_run_as_written(path: Path) -> None:
-    setup = [block for block in marked_blocks(ROOT / "README.md") if block.kind == "setup"]
-    assert setup, "README.md says how to put the venv's commands on PATH"
+    setup = [block for block in marked_blocks(SETUP) if block.kind == "setup"]
+    assert setup, f"{SETUP.name} says how to put the venv's commands on PATH"
     run_document(path, setup)
 
 
-def test_every_document_has_marked_blocks_and_the_readme_counts_the_scenarios() -> None:
+def test_every_document_has_marked_blocks_and_contributing_counts_the_scenarios() -> None:
     for path in DOCS:
         assert any(block.kind in ("run", "exchange") for block in marked_blocks(path)), path
-    readme = (ROOT / "README.md").read_text()
-    assert f"runs {len(SCENARIOS)} scenarios" in readme
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert f"runs {len(SCENARIOS)} scenarios" in contributing
 
 
 def test_a_sample_that_no_longer_fits_fails() -> None:
