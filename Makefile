@@ -1,4 +1,4 @@
-# The two commands of README.md. Everything else is plain pip and pytest.
+# Development: `make test` (README.md, CONTRIBUTING.md). Everything else is plain pip and pytest.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
