@@ -2,18 +2,19 @@
 
 docs/design.md §5 "Every path is exact". :class:`PathsReaderModel` is the
 state machine of ``test_reader_model`` with the daemon's default
-``--verify-interval`` (30 s: verification cannot repair a lost wake-up
-within a run), asked as runtimes mostly ask: after each step a plain
-``sessions.snapshot`` (no ``max_age_ms``), a ``since`` long poll and a
-subscriber's state (built from ``added`` / ``changed`` / ``removed``) must
-each equal the reference within 1 s. Steps land at random phases: a random
-pause before some, none (no wait for the answer) before others, so that
-they land while an observation runs. Its own rules: the home's mode and
-owner loosened and made strict again (the answer is then ``unavailable``
-with a gap that says how to fix it), store writes from a kept-open
-connection (some stalled between their WAL write and their publication,
-as a slow disk would), WAL checkpoints, and a store replaced by another
-file. The hard-link rule is left out: only verification sees it.
+``--verify-interval`` (30 s: verification cannot repair a lost wake-up within a run),
+asked as runtimes mostly ask: after each step a plain ``sessions.snapshot``
+(no ``max_age_ms``), a ``since`` long poll and a subscriber's state (built
+from ``added`` / ``changed`` / ``removed``) must each equal the reference
+within :data:`~helpers.asking.SHOWN_WITHIN_S` (a third of the verify
+interval: a lost change is not repaired by then). Steps land at random
+phases: a random pause before some, none (no wait for the answer) before
+others, so that they land while an observation runs. Its own rules: the
+home's mode and owner loosened and made strict again (the answer is then
+``unavailable`` with a gap that says how to fix it), store writes from a
+kept-open connection (some stalled between their WAL write and their
+publication, as a slow disk would), WAL checkpoints, and a store replaced by
+another file. The hard-link rule is left out: only verification sees it.
 
 Verification must find nothing the watch missed (``changes_found`` stays 0).
 """
@@ -36,8 +37,6 @@ from hypothesis.stateful import invariant, rule
 from models.reader_model import Expected, reference, sample_processes
 from test_reader_model import EXEC_IDS, INPUTS, PICK, SESSIONS, ReaderModel, changes_found
 
-#: How long each path may take to show a step.
-WITHIN_S = 1.0
 PAUSES_S = (0.0, 0.0, 0.001, 0.005, 0.02, 0.1, 0.3)
 LOOSE_MODES = (0o777, 0o720, 0o702)
 NOBODY = 65534
@@ -231,9 +230,7 @@ class PathsReaderModel(ReaderModel):
         loose = home_is_loose(self.home)
         expected = self.expected_now()
         try:
-            self.asking.expect(
-                lambda view: matches(view, expected, self.home, loose), within_s=WITHIN_S
-            )
+            self.asking.expect(lambda view: matches(view, expected, self.home, loose))
         except AssertionError:
             expected = self.expected_now()  # a process the reference sampled may have moved
             self.asking.expect(

@@ -513,6 +513,37 @@ def test_a_directory_removed_and_made_again_at_once_is_watched_anew(
         t.plain("a receipt in the directory made again")
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("one", "two"), [("runs/r1", "runs/r2"), ("runs/r1/inp_a", "runs/r1/inp_b")]
+)
+def test_a_directory_renamed_over_an_empty_one_is_heard_in_its_place(
+    short_dir: Path, pool: Sleepers, mode: str, one: str, two: str
+) -> None:
+    """``rename(2)`` onto an empty directory replaces it: the replaced directory's own
+    events (its removal) come after the move's, and must not take the moved one's
+    watch, or the watches below it, with them."""
+
+    def write_into(t: Trusted, directory: str, client: str) -> None:
+        """A receipt in the run (its input ``inp_b``) or the input ``directory``."""
+        _, run, *input_id = Path(directory).parts
+        t.client_receipt(run, input_id[0] if input_id else "inp_b", client)
+
+    with trusted(short_dir, pool.start(), mode) as t:
+        write_into(t, two, "c0")
+        t.check()
+        source, target = two, one
+        for n in range(10):  # back and forth: each time over an empty directory
+            (t.home / target).mkdir(mode=0o700)
+            t.check_directories()  # the empty one is watched (or polled) too
+            os.rename(t.home / source, t.home / target)
+            rename_expected(t, source, target)
+            write_into(t, target, f"after{n}")
+            t.plain(f"a receipt written into the directory renamed over {target} ({n})")
+            source, target = target, source
+        t.check()
+
+
 # --------------------------------------------------------------------------
 # A receipt directory that is itself a link, then real again
 
