@@ -14,7 +14,16 @@ import shlex
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["argv_of", "command_line", "command_text", "duration", "inert", "one_line", "unsettled"]
+__all__ = [
+    "argv_of",
+    "command_line",
+    "command_text",
+    "counted",
+    "duration",
+    "inert",
+    "one_line",
+    "unsettled",
+]
 
 #: Characters a terminal would act on (C0, DEL, C1), Unicode line and
 #: paragraph separators, and the bidi marks, embeddings, overrides and
@@ -50,6 +59,13 @@ def inert(text: str) -> str:
 def one_line(text: str) -> str:
     """:func:`inert`, with backslashes doubled so that every escape is unambiguous."""
     return inert(text.replace("\\", "\\\\"))
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 process``, ``2 processes``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun}es" if noun.endswith(("s", "x", "ch", "sh")) else f"{n} {noun}s"
 
 
 def duration(seconds: float) -> str:

@@ -76,7 +76,7 @@ def test_top_shows_cpu_and_memory_per_process() -> None:
         cost=DiscoveryCost(),
     )
     lines = render_top(snapshot, now_s=NOW).splitlines()
-    assert "1 sessions, 1 processes, 1 unowned" in lines[0]
+    assert "1 session, 1 process, 1 unowned" in lines[0]
     head = ["SESSION", "STATE", "PID", "KIND", "CPU%", "RSS", "AGE", "COMMAND"]
     assert lines[2].split() == head
     assert lines[3].split() == ["ses_a", "running", "-", "-"]  # no totals from this daemon

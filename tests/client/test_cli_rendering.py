@@ -15,7 +15,7 @@ import pytest
 
 from capsule_client.cli.render.reconcile import render_reconcile
 from capsule_client.cli.render.tables import render_sessions
-from capsule_client.text import duration
+from capsule_client.text import counted, duration
 from capsule_client.wire import (
     ActiveSessionsSnapshot,
     DiscoveryCost,
@@ -275,3 +275,17 @@ def test_a_descendant_never_reads_older_than_its_parent() -> None:
     ages = [duration(NOW - round(start)) for start in starts]
     seconds = [int(age.removesuffix("s").split("m")[-1]) + 60 * ("m" in age) for age in ages]
     assert seconds == sorted(seconds)
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "said"),
+    [
+        (0, "process", "0 processes"),
+        (1, "process", "1 process"),
+        (2, "process", "2 processes"),
+        (1, "session", "1 session"),
+        (3, "session", "3 sessions"),
+    ],
+)
+def test_counts_are_singular_only_for_one(n: int, noun: str, said: str) -> None:
+    assert counted(n, noun) == said

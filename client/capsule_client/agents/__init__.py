@@ -5,6 +5,7 @@ rewrote against the writer kit (docs/design.md §12).
 Claude Code: :mod:`.claude_code` (the session id rule, the events, the hook's first
 decision: standard library only), :mod:`.claude_code_events` (its hook events as
 msgspec types), :mod:`.claude_code_hook` (what each event records),
+:mod:`.claude_code_outcome` (where a hook run writes, and what it did),
 :mod:`.claude_code_resume` (a resume's reconcile and report) and
 :mod:`.claude_code_settings` (``capsulectl integrate claude-code``'s files); reached
 through ``capsulectl hook claude-code`` and ``capsulectl integrate claude-code``.

@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 import msgspec
@@ -70,6 +69,7 @@ from .claude_code_events import (
     is_notification,
     task_ends,
 )
+from .claude_code_outcome import HookOutcome, Places
 
 __all__ = [
     "FALLBACK_SHELL",
@@ -77,8 +77,6 @@ __all__ = [
     "SHELLS",
     "STORE_TIMEOUT_S",
     "TRACE_LOCK_TIMEOUT_S",
-    "HookOutcome",
-    "Places",
     "agent_process",
     "background_shell",
     "handle",
@@ -103,35 +101,6 @@ FALLBACK_SHELL: Final = "/bin/bash"
 TITLE: Final = "Claude Code"
 #: The most ancestors read up from the hook (a guard: the chain ends at pid 1).
 MAX_ANCESTORS: Final = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Places:
-    """Where the hook writes and asks.
-
-    Attributes:
-        home: the capsuled home (the store, the traces).
-        socket_path: the daemon's socket (a resume's reconcile and look).
-    """
-
-    home: Path
-    socket_path: Path
-
-
-@dataclass(slots=True)
-class HookOutcome:
-    """What one hook run did.
-
-    Attributes:
-        output: what the hook prints on stdout for Claude Code (``SessionStart``'s
-            ``additionalContext`` JSON), or None.
-        did: what was recorded, in words (for ``CAPSULE_HOOK_LOG``).
-        problems: each step that failed and why; the hook says them on one stderr line.
-    """
-
-    output: str | None = None
-    did: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
 
 
 def handle(event_name: str, data: bytes, env: Mapping[str, str], places: Places) -> HookOutcome:

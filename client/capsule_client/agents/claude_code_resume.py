@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 import uuid_utils
@@ -35,9 +35,7 @@ from ..errors import CapsuleError, NoSuchTrace
 from ..text import command_line, duration, one_line
 from ..wire import ActiveSessionsSnapshot, LostReport, LostWork, SessionProcess
 from .claude_code import runs_background_command
-
-if TYPE_CHECKING:
-    from .claude_code_hook import HookOutcome, Places
+from .claude_code_outcome import HookOutcome, Places
 
 __all__ = [
     "DAEMON_TIMEOUT_S",

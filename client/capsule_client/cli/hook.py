@@ -119,7 +119,8 @@ def _record(
     """Record the event through the agent's hook module; its answer for stdout, if any."""
     import msgspec
 
-    from ..agents.claude_code_hook import Places, handle
+    from ..agents.claude_code_hook import handle
+    from ..agents.claude_code_outcome import Places
     from ..kit.paths import default_home, default_socket
 
     home = default_home()

@@ -21,7 +21,7 @@ from ..kit.launch import Launch, Terminal, exit_code, make_subreaper
 from ..kit.launcher import new_session_id, register_launcher, release_launcher
 from ..kit.paths import default_home
 from ..kit.store import StoreVersionError
-from ..text import argv_of, command_text, duration, one_line
+from ..text import argv_of, command_text, counted, duration, one_line
 from ..wire import SessionProcess
 from .exits import EXIT_USAGE
 from .main import not_answering
@@ -204,8 +204,9 @@ def _terminate(client: Client, session_id: str, grace_s: float) -> None:
     for process in report.processes:
         counts[process.outcome] = counts.get(process.outcome, 0) + 1
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    processes = counted(len(report.processes), "process")
     _say(
-        f"terminated session {one_line(session_id)}: {len(report.processes)} processes in "
+        f"terminated session {one_line(session_id)}: {processes} in "
         f"{report.duration_ms / 1000:.1f} s: {summary or 'none left'}"
     )
 

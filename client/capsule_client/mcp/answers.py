@@ -18,7 +18,7 @@ from typing import ClassVar, Final
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, Field
 
-from ..text import command_line, duration, inert, one_line, unsettled
+from ..text import command_line, counted, duration, inert, one_line, unsettled
 from ..wire import (
     ActiveSessionsSnapshot,
     ListeningSocket,
@@ -449,7 +449,7 @@ def terminate_text(result: TerminateResult) -> str:
     }
     parts = [f"{counts[o]} {said[o]}" for o in said if o in counts]
     lines = [
-        f"Session {result.session_id}: {len(result.processes)} processes in "
+        f"Session {result.session_id}: {counted(len(result.processes), 'process')} in "
         f"{result.duration_ms} ms — " + ", ".join(parts) + "."
     ]
     for process in result.processes:

@@ -70,5 +70,5 @@ def test_inside_capsulectl_run_the_server_knows_its_session_and_the_host(
     assert len(servers) == 1 and servers[0]["kind"] == "descendant"
     assert len(agent) == 3, agent  # the launcher, the host and the server
     # At the host's exit the launcher stopped the leftover, the one process left.
-    assert "terminated session ses_mcp_host: 1 processes" in err.decode()
+    assert "terminated session ses_mcp_host: 1 process in" in err.decode()
     assert leftovers.pids(token) == []

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from ...text import duration, inert, one_line, unsettled
+from ...text import counted, duration, inert, one_line, unsettled
 from ...wire import (
     ActiveSessionsSnapshot,
     Session,
@@ -328,8 +328,8 @@ def render_top(
     ended = sum(session.state == "ended" for session in snapshot.sessions)
     clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
     head = (
-        f"capsuled top - {clock} - {len(snapshot.sessions)} sessions"
-        f"{f' ({ended} ended)' if ended else ''}, {processes} processes, "
+        f"capsuled top - {clock} - {counted(len(snapshot.sessions), 'session')}"
+        f"{f' ({ended} ended)' if ended else ''}, {counted(processes, 'process')}, "
         f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
         f"generation {snapshot.generation}"
     )
