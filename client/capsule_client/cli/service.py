@@ -50,6 +50,8 @@ __all__ = ["arguments", "installed_capsuled", "run"]
 COMMAND_TIMEOUT_S: Final = 60.0
 #: The exit status when something could not be done (what and why are said).
 EXIT_FAILED: Final = EXIT_REMOTE_ERROR
+#: How long ``uninstall`` waits for a daemon still serving to say its pid, seconds.
+STATUS_TIMEOUT_S: Final = 2.0
 #: ``systemctl --user is-system-running`` when no user manager answers.
 _NO_MANAGER: Final = ("", "offline", "unknown")
 
@@ -255,13 +257,17 @@ def _systemd_install(steps: _Steps) -> int:
     if manager is None:
         # Enabling makes links only: it needs no running manager.
         steps.run([*user, "enable", SOCKET_UNIT])
+        enabled = "would be enabled" if steps.dry_run else "is enabled"
         steps.say(
             "\nNo systemd user manager runs here (`systemctl --user is-system-running` "
-            "answers offline), so nothing was started. The socket is enabled: it starts "
+            f"answers offline), so nothing was started. The socket {enabled}: it starts "
             "with your user manager, at your next login (`loginctl enable-linger` keeps "
-            "one running without a login). Once one runs, start it without logging in "
-            f"again, and check it:\n    systemctl --user daemon-reload\n"
-            f"    systemctl --user start {SOCKET_UNIT}\n{check}"
+            "one running without a login). Until one runs, start capsuled yourself, in a "
+            "terminal of its own or in the background, and check it:\n"
+            f"    setsid {shlex.quote(str(capsuled))} >/dev/null 2>&1 &\n    capsulectl ping\n"
+            "Once a user manager runs, start the socket without logging in again:\n"
+            f"    systemctl --user daemon-reload\n    systemctl --user start {SOCKET_UNIT}\n"
+            f"{check}"
         )
         return EXIT_OK
     steps.run([*user, "daemon-reload"])
@@ -291,6 +297,8 @@ def _systemd_uninstall(steps: _Steps, socket_path: Path) -> int:
     kept = _remove_ours(steps, present)
     if manager is not None:
         steps.run([*user, "daemon-reload"])
+    if manager is None and not steps.dry_run:
+        _still_serving(steps, socket_path)
     for name in (SOCKET_UNIT, SERVICE_UNIT):
         drop_ins = unit_dir / f"{name}.d"
         if drop_ins.is_dir():
@@ -316,6 +324,23 @@ def _remove_ours(steps: _Steps, paths: list[Path]) -> list[Path]:
             )
             steps.say(f"kept {path}: it {how}; remove it yourself: rm {shlex.quote(str(path))}")
     return kept
+
+
+def _still_serving(steps: _Steps, socket_path: Path) -> None:
+    """Say so when a capsuled still answers on ``socket_path``: no user manager ran it,
+    so uninstalling the units did not stop it."""
+    from ..client import Client
+    from ..errors import CapsuleError
+
+    try:
+        with Client(socket_path, timeout_s=STATUS_TIMEOUT_S) as client:
+            pid = client.status().pid
+    except CapsuleError:
+        return  # nothing answers there: nothing to stop
+    steps.say(
+        f"a capsuled (pid {pid}) still serves {socket_path}: no user manager started it, "
+        f"so removing the units did not stop it; stop it: kill {pid}"
+    )
 
 
 def _what_stays(steps: _Steps, socket_path: Path) -> None:

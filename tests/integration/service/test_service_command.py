@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.daemon import DaemonProcess
 
 from capsule_client.cli.service_files import (
     FileState,
@@ -104,6 +105,7 @@ def test_dry_run_shows_both_units_and_the_commands_and_changes_nothing(
     assert f"    ExecStart={CAPSULED}" in out
     assert "would run: systemctl --user enable capsuled.socket" in out
     assert "No systemd user manager runs here" in out
+    assert "The socket would be enabled" in out  # a dry run enables nothing
     assert not (tmp_path / "config").exists()
     # And uninstall's dry run, with the units in place, removes nothing either.
     assert service(env, "install").returncode == 0
@@ -132,8 +134,10 @@ def test_install_writes_the_units_naming_the_capsuled_beside_capsulectl(
     assert wants.is_symlink() and wants.resolve() == (units / "capsuled.socket").resolve()
     mode = stat.S_IMODE((units / "capsuled.service").stat().st_mode)
     assert mode == 0o644
-    # What the user must run once a manager runs, and how to check it.
+    # How to run it meanwhile, what to run once a manager runs, and how to check it.
     assert "No systemd user manager runs here" in done.stdout
+    assert "The socket is enabled" in done.stdout
+    assert f"setsid {CAPSULED} >/dev/null 2>&1 &" in done.stdout
     assert "systemctl --user start capsuled.socket" in done.stdout
     assert "capsulectl ping" in done.stdout
     assert "systemctl --user status capsuled" in done.stdout
@@ -247,6 +251,28 @@ def test_uninstall_removes_exactly_what_install_wrote_and_names_what_stays(
     assert done.returncode == 0, done.stderr
     assert "nothing to stop or remove" in done.stdout
     assert tree(config) == before
+
+
+@needs_systemctl
+def test_uninstall_without_a_manager_names_the_daemon_it_could_not_stop(
+    env: dict[str, str], daemon: DaemonProcess
+) -> None:
+    """Started by hand where no user manager runs, capsuled outlives its units: uninstall
+    says so, with the pid to stop."""
+    if user_manager_runs():
+        pytest.skip("a systemd user manager runs here")
+    assert service(env, "install").returncode == 0
+    done = service(env, "--socket", str(daemon.socket_path), "uninstall")
+    assert done.returncode == 0, done.stderr
+    pid = daemon.pid
+    assert f"a capsuled (pid {pid}) still serves {daemon.socket_path}" in done.stdout
+    assert f"kill {pid}" in done.stdout
+    # Stopped, it is not named.
+    assert service(env, "install").returncode == 0
+    daemon.stop()
+    done = service(env, "--socket", str(daemon.socket_path), "uninstall")
+    assert done.returncode == 0, done.stderr
+    assert "still serves" not in done.stdout
 
 
 @needs_systemctl
