@@ -60,7 +60,8 @@ def test_the_sessions_table_escapes_control_characters(receipt_only: bool) -> No
     lines = text.splitlines()
     [row] = [line for line in lines if "4242" in line]
     assert "make\\x1b[2J\\x9b31m\\x07 test\\r\\nrm -rf /\\t\\x00end" in row
-    assert row.startswith("ses_\\x1bx [ctx\\n\\x1b]")
+    heading = lines[lines.index(row) - 1]  # the session's own line, above its processes
+    assert heading.startswith("ses_\\x1bx [ctx\\n\\x1b]")
     assert "gap:       /home/u/runs/r/\\x1b[31mred.json: not a regular file" in lines
     assert "server:    pid 77 http://h/\\x1b]0;title\\x07" in lines
 
@@ -222,15 +223,16 @@ def layout_snapshot() -> ActiveSessionsSnapshot:
 def test_sessions_table_lists_command_lines_as_a_tree() -> None:
     table = render_sessions(layout_snapshot(), now_s=NOW)
     assert table.splitlines() == [
-        "SESSION        STATE    KIND             PID  AGE    COMMAND",
-        "ses_a [ctx_a]  running  exec             10   1m15s  "
-        "sh -c 'npm run dev & (tsc --watch &)'",
-        "                        descendant       20   1m10s   \\_ npm run dev",
-        "                        descendant       21   1m09s      \\_ node server.js --port 3000",
-        "                        descendant       23   1m10s   \\_ [parent exited] sleep 60",
-        "                        descendant       22   1m10s   \\_ [parent 19 exited] tsc --watch",
-        "                        provider_client  11   1h06m  oc (inp_x)",
-        "ses_b          running  process          12   0s     registered process",
+        "  KIND             PID  AGE    COMMAND",
+        "ses_a [ctx_a]  running",
+        "  exec              10  1m15s  sh -c 'npm run dev & (tsc --watch &)'",
+        "  descendant        20  1m10s   \\_ npm run dev",
+        "  descendant        21  1m09s      \\_ node server.js --port 3000",
+        "  descendant        23  1m10s   \\_ [parent exited] sleep 60",
+        "  descendant        22  1m10s   \\_ [parent 19 exited] tsc --watch",
+        "  provider_client   11  1h06m  oc (inp_x)",
+        "ses_b  running",
+        "  process           12  0s     registered process",
         "",
         "unowned:   1 live receipt nobody owns",
         "server:    pid 14 http://127.0.0.1:4096",
@@ -241,14 +243,14 @@ def test_sessions_table_lists_command_lines_as_a_tree() -> None:
 
 def test_sessions_table_is_cut_to_the_width_and_whole_when_wide() -> None:
     table = render_sessions(layout_snapshot(), now_s=NOW, width=60).splitlines()
-    assert table[1] == "ses_a [ctx_a]  running  exec             10   1m15s  sh -c …"
+    assert table[2] == "  exec              10  1m15s  sh -c 'npm run dev & (tsc --…"
     assert all(len(line) <= 60 for line in table)
     assert table[-1] == "gap:       /h/runs/x: not a regular file"  # only the rows are cut
     wide = render_sessions(layout_snapshot(), now_s=NOW, width=60, wide=True).splitlines()
-    assert wide[0].split() == ["SESSION", "STATE", "KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
-    assert wide[1].split()[6:9] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
-    assert wide[1].endswith("sh -c 'npm run dev & (tsc --watch &)'")
-    assert "inp_x (oc)" in wide[6] and "runs/r/inp_x/provider-clients/c.json" in wide[6]
+    assert wide[0].split() == ["KIND", "PID", "AGE", "ID", "RECEIPT", "COMMAND"]
+    assert wide[2].split()[3:6] == ["exe_build", "runtime/exec-processes/exe_build.json", "sh"]
+    assert wide[2].endswith("sh -c 'npm run dev & (tsc --watch &)'")
+    assert "inp_x (oc)" in wide[7] and "runs/r/inp_x/provider-clients/c.json" in wide[7]
 
 
 def test_an_empty_scanning_snapshot_says_so() -> None:

@@ -50,11 +50,12 @@ def test_the_sessions_table_says_which_session_ended_when_and_what_is_left() -> 
     unknown = Session("ses_odd", None, [left(30)], state="ended", ended_at=None)
     running = Session("ses_new", None, [process(10)])
     lines = render_sessions(snapshot(running, ended, unknown), now_s=NOW).splitlines()
-    assert lines[0].split()[:3] == ["SESSION", "STATE", "KIND"]
-    assert lines[1].split()[:3] == ["ses_new", "running", "process"]
-    assert lines[2].startswith("ses_old  ended 2h01m ago, 2 left  descendant")
-    assert lines[3].split()[:2] == ["descendant", "21"]  # the state on the first row only
-    assert lines[4].startswith("ses_odd  ended, 1 left")
+    assert lines[0].split()[:3] == ["KIND", "PID", "AGE"]
+    assert lines[1] == "ses_new  running"  # each session's line: its id and its state
+    assert lines[2].split()[:2] == ["process", "10"]
+    assert lines[3] == "ses_old  ended 2h01m ago, 2 left"
+    assert [line.split()[:2] for line in lines[4:6]] == [["descendant", "20"], ["descendant", "21"]]
+    assert lines[6] == "ses_odd  ended, 1 left"
 
 
 def _measured(session_id: str, cpu: float, state: str = "running") -> Session:
@@ -77,11 +78,11 @@ def test_top_puts_the_busiest_session_first_and_an_ended_one_first_among_equals(
     )
     lines = render_top(listed, now_s=NOW).splitlines()
     assert "4 sessions (1 ended), 4 processes" in lines[0]
-    assert lines[2].split()[:2] == ["SESSION", "STATE"]
-    heads = [line.split() for line in lines[3:] if line.startswith("ses_")]
-    assert [h[0] for h in heads] == ["ses_b", "ses_c", "ses_a", "ses_d"]
-    assert heads[0] == ["ses_b", "running", "50.0", "1.0M"]  # the session's totals
-    assert heads[1][:6] == ["ses_c", "ended", "1m00s", "ago,", "1", "left"]
+    assert lines[2].split()[:3] == ["PID", "KIND", "CPU%"]
+    heads = [line for line in lines[3:] if line.startswith("ses_")]
+    assert [h.split()[0] for h in heads] == ["ses_b", "ses_c", "ses_a", "ses_d"]
+    assert heads[0] == "ses_b  running  50.0% CPU  1.0M"  # the session's totals
+    assert heads[1] == "ses_c  ended 1m00s ago, 1 left  1.0% CPU  1.0M"
 
 
 def test_top_without_totals_adds_up_the_processes_to_sort() -> None:
@@ -127,10 +128,10 @@ def test_the_ports_table_one_row_per_socket_ipv6_in_brackets() -> None:
     held = held_ports(listed)
     lines = render_ports(held).splitlines()
     assert [line.split()[:4] for line in lines] == [
-        ["SESSION", "PID", "PROTO", "ADDRESS"],
-        ["ses_a", "10", "tcp", "[::]:3000"],
-        ["ses_a", "10", "tcp", "0.0.0.0:3000"],
-        ["(unowned)", "12", "udp", "127.0.0.1:5353"],
+        ["PROTO", "ADDRESS", "PID", "SESSION"],
+        ["tcp", "[::]:3000", "10", "ses_a"],
+        ["tcp", "0.0.0.0:3000", "10", "ses_a"],
+        ["udp", "127.0.0.1:5353", "12", "(unowned)"],
     ]
     assert [h.process.pid for h in held_ports(listed, 5353)] == [12]
     assert held_ports(listed, 80) == []

@@ -61,12 +61,12 @@ def test_ports_lists_every_sessions_listening_sockets(
     code, text = ctl(daemon)
     assert code == 0
     lines = text.splitlines()
-    assert lines[0].split() == ["SESSION", "PID", "PROTO", "ADDRESS", "COMMAND"]
+    assert lines[0].split() == ["PROTO", "ADDRESS", "PID", "SESSION", "COMMAND"]
     rows = [line.split()[:4] for line in lines[1:]]
     assert rows == [
-        ["ses_dns", str(dns.pid), "tcp", f"127.0.0.1:{dns.opened[1][2]}"],
-        ["ses_dns", str(dns.pid), "udp", f"127.0.0.1:{dns.opened[0][2]}"],
-        ["ses_web", str(web.pid), "tcp", f"127.0.0.1:{web.opened[0][2]}"],
+        ["tcp", f"127.0.0.1:{dns.opened[1][2]}", str(dns.pid), "ses_dns"],
+        ["udp", f"127.0.0.1:{dns.opened[0][2]}", str(dns.pid), "ses_dns"],
+        ["tcp", f"127.0.0.1:{web.opened[0][2]}", str(web.pid), "ses_web"],
     ]
     assert str(outside.opened[0][2]) not in text  # held outside any session: not listed
     assert "python" in lines[1]  # the command line
@@ -81,7 +81,7 @@ def test_ports_port_names_the_session_that_holds_it_and_fails_for_a_free_one(
     code, text = ctl(daemon, str(web.opened[0][2]))
     assert code == 0
     (row,) = text.splitlines()[1:]
-    assert row.split()[:4] == ["ses_web", str(web.pid), "tcp", f"127.0.0.1:{web.opened[0][2]}"]
+    assert row.split()[:4] == ["tcp", f"127.0.0.1:{web.opened[0][2]}", str(web.pid), "ses_web"]
 
     port = outside.opened[0][2]  # held, but by no session
     assert ctl(daemon, str(port)) == (1, "")

@@ -63,15 +63,16 @@ def _command(process: SessionProcess) -> str:
 
 
 def render_ports(held: list[Held], *, width: int | None = None) -> str:
-    """The sockets as a table for people: session, pid, protocol, address:port and the
-    command line, one row per socket (each cut to ``width`` characters; None: whole)."""
-    rows = [("SESSION", "PID", "PROTO", "ADDRESS", "COMMAND")]
+    """The sockets as a table for people: protocol, address:port, pid, session and the
+    command line, one row per socket (each cut to ``width`` characters; None: whole).
+    The session's id, the longest cell, comes after what a narrow terminal must show."""
+    rows = [("PROTO", "ADDRESS", "PID", "SESSION", "COMMAND")]
     rows.extend(
         (
-            one_line(h.session),
-            str(h.process.pid),
             h.socket.proto,
             endpoint(h.socket),
+            str(h.process.pid),
+            one_line(h.session),
             _command(h.process),
         )
         for h in held
@@ -80,7 +81,7 @@ def render_ports(held: list[Held], *, width: int | None = None) -> str:
     lines = []
     for row in rows:
         cells = [
-            cell.rjust(w) if i == 1 else cell.ljust(w)
+            cell.rjust(w) if i == 2 else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row[:4], widths, strict=True))
         ]
         lines.append(cut("  ".join([*cells, row[4]]).rstrip(), width))

@@ -180,6 +180,27 @@ def _aligned(rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -
     return lines
 
 
+def _with_headings(
+    rows: list[tuple[str, ...]],
+    headings: list[tuple[int, str]],
+    right: frozenset[int] = frozenset(),
+) -> list[str]:
+    """``rows`` aligned, each of ``headings`` (a session's line) before the row it names
+    by index (or last): the headings stand apart, so a long session id widens no column."""
+    lines = _aligned(rows, right)
+    for index, heading in reversed(headings):
+        lines.insert(index, heading)
+    return lines
+
+
+def _heading(session: Session, now_s: float) -> str:
+    """A session's own line: its id, its context in brackets, its state."""
+    name = one_line(session.session_id)
+    if session.context_id:
+        name += f" [{one_line(session.context_id)}]"
+    return f"{name}  {session_state(session, now_s)}"
+
+
 def render_sessions(
     snapshot: ActiveSessionsSnapshot,
     *,
@@ -189,33 +210,30 @@ def render_sessions(
 ) -> str:
     """A snapshot as a table for people: sessions and their processes, then the rest.
 
-    Columns: session, its state (on its first row: ``running``, or ``ended 2h
-    ago, 3 left``, docs/design.md §13), kind, pid, age (since the process
-    started), with ``wide`` the receipt's id and path, and the command line
-    (docs/design.md §5; what the receipt says where the daemon gave none),
-    descendants indented under their parents. Each row is cut to ``width`` characters
-    (None, or ``wide``: whole). Then the unowned count, the servers, the discovery state
-    and every gap.
+    Each session is a line of its own: its id, its context, its state
+    (``running``, or ``ended 2h ago, 3 left``, docs/design.md §13); under it one row
+    per process: kind, pid, age (since the process started), with ``wide`` the
+    receipt's id and path, and the command line (docs/design.md §5; what the receipt
+    says where the daemon gave none), descendants indented under their parents. Each
+    line is cut to ``width`` characters (None, or ``wide``: whole). Then the unowned
+    count, the servers, the discovery state and every gap.
     """
     now = time.time() if now_s is None else now_s
     width = None if wide else width
-    head: tuple[str, ...] = ("SESSION", "STATE", "KIND", "PID", "AGE")
+    head: tuple[str, ...] = ("", "KIND", "PID", "AGE")
     rows: list[tuple[str, ...]] = [(*head, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
+    headings: list[tuple[int, str]] = []
     for session in snapshot.sessions:
-        name = one_line(session.session_id)
-        if session.context_id:
-            name += f" [{one_line(session.context_id)}]"
-        state = session_state(session, now)
+        headings.append((len(rows), _heading(session, now)))
         for row in tree(session.processes):
             process = row.process
             assert isinstance(process, SessionProcess)
             age = duration(max(now - process.started_at, 0.0))
             ids = _ids(process) if wide else ()
-            rows.append((name, state, process.kind, str(process.pid), age, *ids, _command(row)))
-            name = state = ""
+            rows.append(("", process.kind, str(process.pid), age, *ids, _command(row)))
     lines: list[str] = []
     if len(rows) > 1:
-        lines.extend(cut(line, width) for line in _aligned(rows))
+        lines.extend(cut(line, width) for line in _with_headings(rows, headings, frozenset({2})))
     else:
         lines.append("no active sessions")
     lines.append("")
@@ -318,10 +336,10 @@ def render_top(
     width: int | None = None,
     wide: bool = False,
 ) -> str:
-    """A snapshot measured with ``usage: true`` as a table: one row per session with its
-    state and totals (docs/design.md §13), the busiest first, then one row per process,
-    its command line last (``wide``: the receipt's id and path before it), each row cut
-    to ``width`` characters (None: whole)."""
+    """A snapshot measured with ``usage: true`` as a table: a line per session with its
+    state and totals (docs/design.md §13), the busiest first, then a row per process,
+    its command line last (``wide``: the receipt's id and path before it), each line
+    cut to ``width`` characters (None: whole)."""
     now = time.time() if now_s is None else now_s
     width = None if wide else width
     processes = sum(len(session.processes) for session in snapshot.sessions)
@@ -333,28 +351,22 @@ def render_top(
         f"{len(snapshot.unowned)} unowned - discovery {snapshot.discovery}, "
         f"generation {snapshot.generation}"
     )
-    columns = ("SESSION", "STATE", "PID", "KIND", "CPU%", "RSS", "AGE")
+    columns = ("", "PID", "KIND", "CPU%", "RSS", "AGE")
     rows: list[tuple[str, ...]] = [(*columns, *(("ID", "RECEIPT") if wide else ()), "COMMAND")]
-    blank = ("",) * (2 if wide else 0)
-    listed: list[tuple[tuple[str, ...], list[SessionProcess]]] = []
+    headings: list[tuple[int, str]] = []
+    listed: list[tuple[str, list[SessionProcess]]] = []
     for session in sorted(snapshot.sessions, key=_top_order):
         usage = session.usage
         total = (
-            ("-", "-")
+            ""
             if isinstance(usage, msgspec.UnsetType)
-            else (f"{usage.cpu_percent:.1f}", _bytes(usage.rss_bytes))
+            else f"  {usage.cpu_percent:.1f}% CPU  {_bytes(usage.rss_bytes)}"
         )
-        name = one_line(session.session_id)
-        listed.append(
-            (
-                (name, session_state(session, now), "", "", *total, "", *blank, ""),
-                session.processes,
-            )
-        )
+        listed.append((_heading(session, now) + total, session.processes))
     if snapshot.unowned:
-        listed.append((("(unowned)", "", "", "", "", "", "", *blank, ""), snapshot.unowned))
+        listed.append(("(unowned)", snapshot.unowned))
     for heading, members in listed:
-        rows.append(heading)
+        headings.append((len(rows), heading))
         for row in tree(members):
             process = row.process
             assert isinstance(process, SessionProcess)
@@ -362,7 +374,6 @@ def render_top(
             rss = process.rss_bytes
             rows.append(
                 (
-                    "",
                     "",
                     str(process.pid),
                     process.kind,
@@ -376,7 +387,8 @@ def render_top(
     lines = [head, ""]  # only the rows are cut: the heading's generation stays whole
     if said := unsettled(snapshot.discovery, snapshot.gaps):  # it lists nothing: no table
         return "\n".join([*lines, *said])
-    lines.extend(cut(line, width) for line in _aligned(rows, frozenset({2, 4, 5, 6})))
+    aligned = _with_headings(rows, headings, frozenset({1, 3, 4, 5}))
+    lines.extend(cut(line, width) for line in aligned)
     if len(rows) == 1:
         lines.append("no active sessions")
     lines.extend(f"gap: {one_line(gap)}" for gap in snapshot.gaps)
