@@ -1,7 +1,7 @@
 """Scenario 6: ``ping`` requests/s against a bare asyncio NDJSON echo server (information only).
 
-This scenario has no target any more: it is kept, short, to show the
-request path's cost beside the bare floor of an asyncio server.
+This scenario has no target: it is short, and shows the request path's
+cost beside the bare floor of an asyncio server.
 
 Both servers run as their own processes; the load comes from a third
 (:mod:`benchmarks.loadgen`), the same program for both, so the client's cost

@@ -1,7 +1,7 @@
 """The daemon's configuration: flags, their environment variables, defaults (docs/design.md §8).
 
 A flag wins over its environment variable, which wins over the default.
-Every flag and variable is listed in ``capsuled --help`` and in README.md.
+Every flag and variable is listed in ``capsuled --help`` and in docs/design.md §8.
 """
 
 from __future__ import annotations
