@@ -74,8 +74,9 @@ class Processes:
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=DEADLINE_S)
-            if process.stdout is not None:
-                process.stdout.close()
+            for pipe in (process.stdin, process.stdout, process.stderr):
+                if pipe is not None:  # also after a test that failed before closing its own
+                    pipe.close()
 
 
 class Sleepers:

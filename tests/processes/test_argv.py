@@ -120,6 +120,31 @@ def test_an_exec_shows_the_new_program_at_the_next_check(processes: Processes) -
     shell.stdin.close()
 
 
+#: A Python child that sleeps and wakes thousands of times a second: its state letter
+#: in ``/proc/<pid>/stat`` changes between almost any two reads.
+FLICKERS = (
+    "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+    "while True: time.sleep(0.0001)"
+)
+
+
+def test_a_process_that_sleeps_and_wakes_all_the_time_has_its_command_every_time(
+    processes: Processes,
+) -> None:
+    """Running and sleeping between the stat reads around the argv read is no exec: the
+    command is read every time, and a kept one is not read again."""
+    process = processes.start([sys.executable, "-c", FLICKERS], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    key = (process.pid, started_at(process.pid))
+    expected = [sys.executable, "-c", FLICKERS]
+    assert [argv_of(*key) for _ in range(300)] == [expected] * 300
+    cache = ArgvCache()
+    assert cache.read([key]) == {key: expected}
+    reads = cache.reads
+    assert all(cache.read([key], fresh=True) == {key: expected} for _ in range(300))
+    assert cache.reads == reads  # checked 300 times, never read again
+
+
 def test_a_zombie_has_no_command(processes: Processes) -> None:
     process = processes.start(["sleep", "300"])
     wait_until(lambda: proc_state(process.pid) == "S", message="sleep running")

@@ -114,6 +114,18 @@ class ExecMark(NamedTuple):
     arg_start: int
     arg_end: int
 
+    def same_program(self, later: ExecMark) -> bool:
+        """Whether ``later``, read after this one, marks the same program of the same
+        process: no exec and no exit between the two reads. The state letter is not
+        compared while both are live: a running process sleeps and wakes between
+        any two reads."""
+        return (
+            self.start_ticks == later.start_ticks
+            and self.comm == later.comm
+            and (self.arg_start, self.arg_end) == (later.arg_start, later.arg_end)
+            and (self.state in NOT_LIVE_STATES) == (later.state in NOT_LIVE_STATES)
+        )
+
 
 def parse_exec_mark(data: bytes) -> ExecMark:
     """The :class:`ExecMark` of a ``/proc/<pid>/stat`` line.

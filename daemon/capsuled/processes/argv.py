@@ -145,7 +145,7 @@ def _argv_linux(
         except OSError:  # gone, or refused (hidepid, a sandbox)
             return None, None
         after = _mark(pid)
-        if after == before:
+        if after is not None and before.same_program(after):
             return decode_cmdline(data), after
         before = after
     return None, None
@@ -267,7 +267,8 @@ class ArgvCache:
             self.reads += 1
             return _Entry(_argv_psutil(pid, started_at), None, now)
         if entry is not None and entry.mark is not None:
-            if _mark(pid) == entry.mark:
+            mark = _mark(pid)
+            if mark is not None and entry.mark.same_program(mark):
                 return _Entry(entry.argv, entry.mark, now)
             start_ticks = entry.mark.start_ticks  # the process it was first read as, for good
         self.reads += 1
