@@ -7,7 +7,8 @@ the ``capsuled`` installed beside this ``capsulectl``; the socket is enabled and
 where a user manager runs, started. On macOS the LaunchAgent goes into
 ``~/Library/LaunchAgents`` and is bootstrapped. ``uninstall`` stops and disables
 them and removes the files ``install`` wrote, never one edited since or put there
-by hand (:mod:`.service_files`), and names what stays.
+by hand (:mod:`.service_files`), and names what stays, and a daemon that no user
+manager started and that still serves (it was started by hand).
 
 Exit status: 0 done (also when no user manager runs: the socket is enabled and
 starts with the next one; what to run meanwhile is said); 1 nothing was changed

@@ -193,10 +193,10 @@ def _with_headings(
     return lines
 
 
-def _heading(session: Session, now_s: float) -> str:
-    """A session's own line: its id, its context in brackets, its state."""
+def _heading(session: Session, now_s: float, *, context: bool = True) -> str:
+    """A session's own line: its id, its context in brackets (``context``), its state."""
     name = one_line(session.session_id)
-    if session.context_id:
+    if context and session.context_id:
         name += f" [{one_line(session.context_id)}]"
     return f"{name}  {session_state(session, now_s)}"
 
@@ -362,7 +362,7 @@ def render_top(
             if isinstance(usage, msgspec.UnsetType)
             else f"  {usage.cpu_percent:.1f}% CPU  {_bytes(usage.rss_bytes)}"
         )
-        listed.append((_heading(session, now) + total, session.processes))
+        listed.append((_heading(session, now, context=False) + total, session.processes))
     if snapshot.unowned:
         listed.append(("(unowned)", snapshot.unowned))
     for heading, members in listed:
