@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from helpers.daemon import DaemonProcess, short_tmpdir
+from helpers.listeners import Listeners
 from helpers.processes import Processes, Sleepers, sleepers
 
 
@@ -57,6 +58,16 @@ def pool() -> Iterator[Sleepers]:
 def procs() -> Iterator[Processes]:
     """Processes the test starts (``procs.sleep()``, ``procs.start(argv)``), killed after it."""
     started = Processes()
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def listeners() -> Iterator[Listeners]:
+    """Listening children the test starts (``listeners.start(specs)``), killed after it."""
+    started = Listeners()
     try:
         yield started
     finally:

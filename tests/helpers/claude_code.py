@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import pytest
 
 from helpers.messages_api import MessagesAPI, Request
+from helpers.waits import wait_until
 
 PINNED_DIR = Path(__file__).parents[1] / "claude_code"
 RECORDER = Path(__file__).with_name("hook_recorder.py")
@@ -135,15 +136,8 @@ def wait_for(
     interval_s: float = 0.02,
     message: str = "condition",
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
-        time.sleep(interval_s)
+    """:func:`helpers.waits.wait_until` with the longer deadline a Claude Code run needs."""
+    return wait_until(predicate, timeout_s=timeout_s, interval_s=interval_s, message=message)
 
 
 # -- hooks -------------------------------------------------------------------

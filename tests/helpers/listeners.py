@@ -172,6 +172,23 @@ class Listener:
                 pipe.close()
 
 
+class Listeners:
+    """Listening children (:class:`Listener`), all killed at the end: the ``listeners``
+    fixture (tests/conftest.py)."""
+
+    def __init__(self) -> None:
+        self.started: list[Listener] = []
+
+    def start(self, *specs: str, nobody: bool = False) -> Listener:
+        listener = Listener(*specs, nobody=nobody)
+        self.started.append(listener)
+        return listener
+
+    def close(self) -> None:
+        for listener in self.started:
+            listener.close()
+
+
 class UnprivilegedDaemon(DaemonProcess):
     """The daemon, without ``CAP_SYS_PTRACE`` and ``CAP_KILL`` when the tests run as root."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -112,3 +113,21 @@ def sleepers() -> Iterator[Sleepers]:
         yield pool
     finally:
         pool.close()
+
+
+def child_of(pid: int) -> int:
+    """The one running child of ``pid`` (waited for)."""
+
+    def find() -> int | None:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    data = Path(f"/proc/{name}/stat").read_bytes()
+                except OSError:
+                    continue
+                fields = data[data.rindex(b")") + 2 :].split()
+                if int(fields[1]) == pid and fields[0] == b"S":
+                    return int(name)
+        return None
+
+    return wait_until(find, message=f"a child of {pid}")

@@ -11,10 +11,9 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
-from helpers.listeners import Listener, ipv6_loopback
+from helpers.listeners import Listeners, ipv6_loopback
 
 from capsule_client.kit.proc import process_start_time
 from capsule_client.wire import ListeningSocket
@@ -59,29 +58,6 @@ def test_the_tables_are_read_as_ss_reads_them() -> None:
         221: ListeningSocket("udp", "::1", 5353),
         224: ListeningSocket("udp", "::ffff:10.0.0.10", 514),
     }  # not the connected socket, not the one bound to no port
-
-
-class Listeners:
-    def __init__(self) -> None:
-        self.started: list[Listener] = []
-
-    def start(self, *specs: str) -> Listener:
-        listener = Listener(*specs)
-        self.started.append(listener)
-        return listener
-
-    def close(self) -> None:
-        for listener in self.started:
-            listener.close()
-
-
-@pytest.fixture
-def listeners() -> Iterator[Listeners]:
-    started = Listeners()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def key(pid: int) -> tuple[int, int]:

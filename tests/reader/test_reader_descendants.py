@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from helpers.processes import Sleepers, proc_state
+from helpers.processes import Sleepers, child_of, proc_state
 from helpers.waits import wait_until
 from helpers.world import World, pids
 
@@ -58,24 +58,6 @@ def shells() -> Iterator[Shells]:
 @pytest.fixture
 def world(tmp_path: Path, pool: Sleepers) -> World:
     return World(tmp_path / "home", pool)
-
-
-def child_of(pid: int) -> int:
-    """The one running child of ``pid`` (waited for)."""
-
-    def find() -> int | None:
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    data = Path(f"/proc/{name}/stat").read_bytes()
-                except OSError:
-                    continue
-                fields = data[data.rindex(b")") + 2 :].split()
-                if int(fields[1]) == pid and fields[0] == b"S":
-                    return int(name)
-        return None
-
-    return wait_until(find, message=f"a child of {pid}")
 
 
 def processes_of(snapshot: ActiveSessionsSnapshot, session_id: str) -> dict[int, SessionProcess]:

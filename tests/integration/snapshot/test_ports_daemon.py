@@ -10,7 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.listeners import Listener, UnprivilegedDaemon, ipv6_loopback, system_python
+from helpers.listeners import (
+    Listener,
+    Listeners,
+    UnprivilegedDaemon,
+    ipv6_loopback,
+    system_python,
+)
 from helpers.processes import DEADLINE_S
 from helpers.waits import wait_until
 
@@ -21,31 +27,6 @@ from capsule_client.kit.store import OwnershipStore
 from capsule_client.wire import ActiveSessionsSnapshot, ListeningSocket, SessionProcess
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
-class Listeners:
-    """Listening children, all killed at the end."""
-
-    def __init__(self) -> None:
-        self.started: list[Listener] = []
-
-    def start(self, *specs: str, nobody: bool = False) -> Listener:
-        listener = Listener(*specs, nobody=nobody)
-        self.started.append(listener)
-        return listener
-
-    def close(self) -> None:
-        for listener in self.started:
-            listener.close()
-
-
-@pytest.fixture
-def listeners() -> Iterator[Listeners]:
-    started = Listeners()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @pytest.fixture
