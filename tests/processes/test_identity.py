@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -46,15 +46,6 @@ def clock_step(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
         monkeypatch.setattr(identity, "boot_time_s", lambda: real() + seconds)
 
     return step
-
-
-@pytest.fixture
-def procs() -> Iterator[Processes]:
-    started = Processes()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def ticks(pid: int) -> int:
