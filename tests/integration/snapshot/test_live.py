@@ -369,7 +369,8 @@ def test_capsulectl_top_once_shows_processes_with_cpu_and_memory(
     assert "CPU%" in text and "RSS" in text
     lines = text.splitlines()
     at = next(n for n, line in enumerate(lines) if line.startswith("ses_t"))
-    assert lines[at].split()[:2] == ["ses_t", "running"]  # the session's row, its totals
+    heading = lines[at].split()  # the session's line: its state and its totals
+    assert heading[:2] == ["ses_t", "running"] and heading[2].endswith("%") and heading[3] == "CPU"
     row = lines[at + 1]  # its process
     assert str(process.pid) in row and "sleep 300" in row
 

@@ -150,8 +150,8 @@ def test_capsulectl_sessions_and_rescan(sampled_daemon: DaemonProcess, pool: Sle
     out = io.StringIO()
     assert capsulectl(["sessions", *socket], out=out) == 0
     table = out.getvalue()
-    row = rf"^ses_demo \[ctx_ses_demo\] +running +exec +{process.pid} +\d+s +sleep 300$"
-    assert re.search(row, table, re.MULTILINE), table
+    rows = rf"^ses_demo \[ctx_ses_demo\]  running\n  exec +{process.pid} +\d+s +sleep 300$"
+    assert re.search(rows, table, re.MULTILINE), table  # the session's line, its process
     assert "unowned:   0 live receipts nobody owns" in table
     assert "discovery: ready" in table
 
