@@ -221,8 +221,16 @@ def test_terminate_signals_the_process_its_ticks_name(
 
 
 def running(pid: int, comm: str) -> None:
-    """Wait until ``pid`` runs the program named ``comm`` (its ``exec`` is done)."""
-    wait_until(lambda: read_stat_line(pid).startswith(f"{pid} ({comm})".encode()))
+    """Wait until ``pid`` runs the program named ``comm`` and its ``exec`` is done: the
+    kernel sets the new name before it lays out the new argv."""
+
+    def done() -> bool:
+        if not read_stat_line(pid).startswith(f"{pid} ({comm})".encode()):
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return bool(file.read())
+
+    wait_until(done, message=f"{pid} running {comm}")
 
 
 def test_the_argv_of_a_process_listed_a_step_away_is_read_by_its_ticks(
