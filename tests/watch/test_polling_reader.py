@@ -77,3 +77,27 @@ def test_a_directory_listed_after_the_look_and_emptied_before_the_next_is_droppe
     receipt.unlink()
     polled.look()  # it listed the directory empty, and lists it empty again
     assert polled.receipts() == set()
+
+
+def test_an_input_moved_away_while_the_reader_reads_and_back_before_the_next_look_is_read(
+    world: World,
+) -> None:
+    """The reader reads later than the look: it finds a receipt gone that the look saw
+    (its input moved away meanwhile); the input is back, as it was, before the next
+    look, which then sees nothing to report in it. The reader lists the receipt where
+    it is each time all the same: the run's listing differs, and the input's listing
+    lost an entry."""
+    pid = world.pool.start().pid
+    world.client_receipt("inp_a", pid, client="c0")
+    polled = Polled(world)
+    key = "runs/run1/inp_a/provider-clients/c0.json"
+    assert polled.receipts() == {key}
+    run = world.home / "runs" / "run1"
+    (run / "inp_x").mkdir()
+    polled.look()  # reports inp_x, and that the run's entries moved
+    os.rename(run / "inp_a", run / "inp_b")  # away before the reader reads
+    moved = "runs/run1/inp_b/provider-clients/c0.json"
+    assert polled.receipts() == {moved}  # where it is when the reader reads
+    os.rename(run / "inp_b", run / "inp_a")  # back, as it was, before the next look
+    polled.look()
+    assert polled.receipts() == {key}

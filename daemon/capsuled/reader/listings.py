@@ -63,6 +63,21 @@ class Listings:
     def paths(self) -> list[str]:
         return list(self._by_path)
 
+    def lost(self, path: str, inode: int) -> None:
+        """The entry at ``path`` (with ``inode`` when it was read) was found gone.
+
+        Its directory's listing forgets it and is listed again at its next
+        comparison: if the entry comes back as it was (its directory moved away
+        and back), the comparison hands it back to be read, though the listing's
+        own stamps and a poller's last look may say nothing changed.
+        """
+        listing = self._by_path.get(os.path.dirname(path))
+        if listing is None:
+            return
+        entry = hash((os.path.basename(path), inode))
+        listing.entries = array("q", [known for known in listing.entries if known != entry])
+        listing.signature = (listing.signature[0], -1)  # no directory has this mtime
+
     def inode(self, path: str) -> int | None:
         """The inode ``path`` had when it was listed; None if it is not listed."""
         listing = self._by_path.get(path)

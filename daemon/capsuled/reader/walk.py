@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action, receipt_kind, walked
 
@@ -77,7 +78,9 @@ class Walk:
         elif what in (Action.PROVIDER_CLIENT, Action.EXEC):
             kind = receipt_kind(parts) if parts is not None else None
             if kind is not None:
+                held = self._held_inode(path)
                 self.receipts.read(path, kind)
+                self._note_if_lost(path, held)
         elif what is Action.WALK and parts is not None:
             self._relist(path, parts)
 
@@ -90,11 +93,15 @@ class Walk:
         self.receipts.recheck_servers()
 
     def recheck_below(self, directories: set[str]) -> None:
-        """``stat``-check the candidates and errors below ``directories`` (absolute).
+        """``stat``-check the candidates and errors below ``directories`` (absolute), and
+        compare the listings at and below them.
 
         A polled directory's entries moved since its last look: the reader may
         hold an entry there that came and went between two looks, which no
-        change reported (``capsuled.watch.polling``, "Moved directories").
+        change reported (``capsuled.watch.polling``, "Moved directories"); and
+        an entry the reader found gone (its directory moved away) may be back
+        as it was, which a look that saw it before cannot tell apart: the
+        listings that differ, or lost an entry, hand back what to read.
         """
         if not directories:
             return
@@ -102,10 +109,34 @@ class Walk:
         candidates = [self.home.join(key) for key in self.candidates]
         for path in [*candidates, *self.errors.receipts()]:
             if path.startswith(below):
+                held = self._held_inode(path)
                 self.receipts.recheck(path)
+                self._note_if_lost(path, held)
         for path in self.errors.directories():
             if path.startswith(below) and not os.path.lexists(path):
                 self.errors.clear(path)
+        listed = [p for p in self.listings.paths() if p in directories or p.startswith(below)]
+        now_ns = time.time_ns()
+        for directory in sorted(listed):
+            for path, _ in self.listings.differing(directory, now_ns, self._matters) or ():
+                self.apply(path)
+
+    def _held_inode(self, path: str) -> int | None:
+        """The inode of the version of the receipt at ``path`` the reader holds, if any."""
+        candidate = self.candidates.get(self.home.key(path))
+        signature = candidate.signature if candidate is not None else None
+        if signature is None and (error := self.errors.get(path)) is not None:
+            signature = error.signature
+        return None if signature is None else signature.ino
+
+    def _note_if_lost(self, path: str, held: int | None) -> None:
+        """A receipt the reader held and found gone: its directory's listing forgets it."""
+        if held is not None and not os.path.lexists(path):
+            self.listings.lost(path, held)
+
+    def _matters(self, path: str) -> bool:
+        """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
+        return action(self.home.parts(path)) is not Action.IGNORE
 
     def _relist(self, path: str, parts: Parts) -> None:
         """List a walked directory from scratch.

@@ -513,21 +513,18 @@ def test_a_directory_removed_and_made_again_at_once_is_watched_anew(
         t.plain("a receipt in the directory made again")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     ("one", "two"), [("runs/r1", "runs/r2"), ("runs/r1/inp_a", "runs/r1/inp_b")]
 )
 def test_a_directory_renamed_over_an_empty_one_is_heard_in_its_place(
-    short_dir: Path, pool: Sleepers, one: str, two: str
+    short_dir: Path, pool: Sleepers, mode: str, one: str, two: str
 ) -> None:
     """``rename(2)`` onto an empty directory replaces it: the replaced directory's own
     events (its removal) come after the move's, and must not take the moved one's
-    watch, or the watches below it, with them.
-
-    The native watch only: the poller compares each look with the last one, so a
-    directory that moves away and back between two looks, while the reader reads in
-    between, can leave receipts unread until a rescan (an open defect of the poller).
-    """
-    mode = "native"
+    watch, or the watches below it, with them. Polled, the directory moves away and
+    back between two looks now and then, while the reader reads in between: what
+    the reader found gone must be read again when it is back."""
 
     def write_into(t: Trusted, directory: str, client: str) -> None:
         """A receipt in the run (its input ``inp_b``) or the input ``directory``."""
