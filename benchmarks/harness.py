@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -42,6 +44,7 @@ __all__ = [
     "report",
     "require_modules",
     "steal_percent",
+    "whole_process_s",
 ]
 
 T = TypeVar("T")
@@ -245,6 +248,47 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
+
+
+def whole_process_s(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
+    timeout_s: float = 60.0,
+) -> float:
+    """Seconds from the spawn of ``argv`` (``stdin`` written to it) to its exit, which
+    must be 0; its output is discarded.
+
+    The exit is waited for with a blocking ``waitpid``, heard at once; a wait with a
+    timeout (``subprocess.run(timeout=...)``) polls with growing sleeps and hears an
+    exit up to tens of milliseconds late. ``timeout_s`` is enforced by a kill.
+
+    Raises:
+        subprocess.CalledProcessError: it exited non-zero (or was killed at the timeout).
+    """
+    started = time.perf_counter()
+    with subprocess.Popen(
+        list(argv),
+        env=env,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as process:
+        killer = threading.Timer(timeout_s, process.kill)
+        killer.start()
+        try:
+            if stdin is not None:
+                assert process.stdin is not None
+                process.stdin.write(stdin)
+                process.stdin.close()
+            code = process.wait()
+        finally:
+            killer.cancel()
+        elapsed = time.perf_counter() - started
+    if code != 0:
+        raise subprocess.CalledProcessError(code, list(argv))
+    return elapsed
 
 
 def cpu_clock() -> tuple[float, float] | None:

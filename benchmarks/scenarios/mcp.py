@@ -17,7 +17,6 @@ Two measurements, both with the SDK's own client (``mcp.ClientSession`` over
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import anyio
 
 from benchmarks.daemon import DaemonProcess
-from benchmarks.harness import Context, Outcome, Table, report, require_modules
+from benchmarks.harness import Context, Outcome, Table, report, require_modules, whole_process_s
 from benchmarks.homes import SleepPool
 from benchmarks.rawclient import RawClient
 from benchmarks.stats import percentile
@@ -94,15 +93,10 @@ async def _server_rounds(
 
 def _sessions_command(socket_path: Path) -> float:
     """Seconds of one ``capsulectl sessions --json``, spawn to exit."""
-    started = time.perf_counter()
-    subprocess.run(
+    return whole_process_s(
         [sys.executable, "-m", "capsule_client.cli", "sessions", "--json"],
         env=_environment(socket_path),
-        stdout=subprocess.DEVNULL,
-        check=True,
-        timeout=60,
     )
-    return time.perf_counter() - started
 
 
 def _raw_snapshots(socket_path: Path, calls: int) -> list[float]:
