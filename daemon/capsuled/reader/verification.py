@@ -17,7 +17,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from capsuled.home.layout import EXEC_PARTS, RUNS, Action, Parts, action
+from capsuled.home.layout import EXEC_PARTS, RUNS, Parts
 
 from .listings import RACY_MARGIN_NS
 from .walk import Walk
@@ -92,7 +92,7 @@ class Verification:
         for directory in walk.listings.paths():
             walk.receipts.check_cancelled()
             checked += 1
-            differing = walk.listings.differing(directory, barrier_ns, self._matters)
+            differing = walk.listings.differing(directory, barrier_ns, walk.matters)
             for path, racy in differing or ():
                 if self._listed_as_is(path):
                     continue  # its own listing is compared in this loop (or was just taken)
@@ -145,10 +145,6 @@ class Verification:
             if not stat.S_ISDIR(st.st_mode):
                 return False
         return True
-
-    def _matters(self, path: str) -> bool:
-        """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
-        return action(self._walk.home.parts(path)) is not Action.IGNORE
 
 
 def _changed_before(path: str, stamps: tuple[int, int] | None, moment_ns: int) -> bool:

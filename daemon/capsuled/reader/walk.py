@@ -118,7 +118,7 @@ class Walk:
         listed = [p for p in self.listings.paths() if p in directories or p.startswith(below)]
         now_ns = time.time_ns()
         for directory in sorted(listed):
-            for path, _ in self.listings.differing(directory, now_ns, self._matters) or ():
+            for path, _ in self.listings.differing(directory, now_ns, self.matters) or ():
                 self.apply(path)
 
     def _held_inode(self, path: str) -> int | None:
@@ -134,7 +134,7 @@ class Walk:
         if held is not None and not os.path.lexists(path):
             self.listings.lost(path, held)
 
-    def _matters(self, path: str) -> bool:
+    def matters(self, path: str) -> bool:
         """Whether an entry at ``path`` is one a listing keeps (a receipt or a walked directory)."""
         return action(self.home.parts(path)) is not Action.IGNORE
 
