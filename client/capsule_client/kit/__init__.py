@@ -7,7 +7,8 @@ sessions (docs/design.md §3, §4, §6, §9, §10).
 * :mod:`.proc`: the one ``/proc/<pid>/stat`` parser, this boot's id, and a
   process's start with its exact identity (§3 "Liveness", §14);
 * :mod:`.store`: the ownership store's schema and writer (§4);
-* :mod:`.trace`: the trace's format, its lock, the event ids (§6);
+* :mod:`.trace_format`: the trace's lines, the event ids and times (§6);
+* :mod:`.trace`: the trace's lock and appends, and ``TraceWriter`` (§6);
 * :mod:`.launcher`: ``spawn``, a command started under ``capsulectl run``, and the
   launcher's rows in the store (§10); :mod:`.launch`, the launcher's own process work.
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import msgspec
 
-from capsule_client.kit.trace import Trust
+from capsule_client.kit.trace_format import Trust
 from capsule_client.wire import LostWork
 
 __all__ = ["READ_BUFFER_BYTES", "DetachedWork", "TraceScan", "scan_lines", "scan_trace"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...kit.trace import detach_time
+from ...kit.trace_format import detach_time
 from ...text import one_line
 from ...wire import LostReport
 
