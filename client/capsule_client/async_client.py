@@ -11,8 +11,9 @@ from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from msgspec import Raw
 
-from . import base
-from .base import BaseClient, Call, ClientCore, SubscriptionBase
+from . import calls
+from .base import BaseClient, ClientCore, SubscriptionBase
+from .calls import Call
 from .errors import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .wire import SessionsChanged
 
@@ -51,13 +52,13 @@ class AsyncClient(BaseClient):
         self._core.closed = True
         await self._disconnect()
 
-    ping = base.awaiting(base.ping)
-    status = base.awaiting(base.status)
-    snapshot = base.awaiting(base.snapshot)
-    reconcile = base.awaiting(base.reconcile)
-    metrics = base.awaiting(base.metrics)
-    terminate = base.awaiting(base.terminate)
-    rescan = base.awaiting(base.rescan)
+    ping = calls.awaiting(calls.ping)
+    status = calls.awaiting(calls.status)
+    snapshot = calls.awaiting(calls.snapshot)
+    reconcile = calls.awaiting(calls.reconcile)
+    metrics = calls.awaiting(calls.metrics)
+    terminate = calls.awaiting(calls.terminate)
+    rescan = calls.awaiting(calls.rescan)
 
     def subscribe(
         self, *, since: int | None = None, commands: bool = False, ports: bool = False
@@ -209,5 +210,5 @@ class AsyncSubscription(SubscriptionBase):
         subscription = self._leave(self._client._core)
         if subscription is not None and self._client._stream is not None:
             with anyio.CancelScope(shield=True):
-                await self._client._call(base.unsubscribe(subscription))
+                await self._client._call(calls.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 
 from msgspec import Raw
 
-from . import base
-from .base import BaseClient, Call, ClientCore, SubscriptionBase
+from . import calls
+from .base import BaseClient, ClientCore, SubscriptionBase
+from .calls import Call
 from .errors import ConnectionLost, DaemonNotRunning, RequestTimeout
 from .wire import SessionsChanged
 
@@ -46,13 +47,13 @@ class Client(BaseClient):
         self._core.closed = True
         self._disconnect()
 
-    ping = base.blocking(base.ping)
-    status = base.blocking(base.status)
-    snapshot = base.blocking(base.snapshot)
-    reconcile = base.blocking(base.reconcile)
-    metrics = base.blocking(base.metrics)
-    terminate = base.blocking(base.terminate)
-    rescan = base.blocking(base.rescan)
+    ping = calls.blocking(calls.ping)
+    status = calls.blocking(calls.status)
+    snapshot = calls.blocking(calls.snapshot)
+    reconcile = calls.blocking(calls.reconcile)
+    metrics = calls.blocking(calls.metrics)
+    terminate = calls.blocking(calls.terminate)
+    rescan = calls.blocking(calls.rescan)
 
     def subscribe(
         self, *, since: int | None = None, commands: bool = False, ports: bool = False
@@ -244,5 +245,5 @@ class Subscription(SubscriptionBase):
         """Unsubscribe (if the connection is still there); idempotent."""
         subscription = self._leave(self._client._core)
         if subscription is not None and self._client._sock is not None:
-            self._client._call(base.unsubscribe(subscription))
+            self._client._call(calls.unsubscribe(subscription))
             self._client._core.unsubscribed(subscription)

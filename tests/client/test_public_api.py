@@ -50,7 +50,7 @@ def test_the_wire_names_every_name_of_its_modules_once() -> None:
         assert hasattr(wire, name), name
     defined = [
         name
-        for module in (wire.constants, wire.envelope, wire.params, wire.results)
+        for module in (wire.constants, wire.envelope, wire.params, wire.results, wire.status)
         for name in module.__all__
     ]
     assert sorted(defined, key=isort_order) == wire.__all__

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from .. import base
+from .. import calls
 from ..client import Client
 from .exits import EXIT_OK
 from .render.output import print_json
@@ -33,7 +33,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Ask ``session.reconcile``; print the report (``--json``: the result)."""
-    call = base.reconcile(args.from_session, args.this_session, args.context_id)
+    call = calls.reconcile(args.from_session, args.this_session, args.context_id)
     if args.json:
         print_json(out, client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s))
         return EXIT_OK

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from .. import base
+from .. import calls
 from ..client import Client
 from ..wire import TerminateSignal
 from .exits import EXIT_OK, EXIT_USAGE
@@ -63,7 +63,7 @@ def run(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if args.ended:
         return terminate_ended(client, args, out)
     if args.json:
-        call = base.terminate(
+        call = calls.terminate(
             args.session_id, signal=args.signal, grace_s=args.grace, commands=True
         )
         raw = client.call_raw(call.method, call.params, min_timeout_s=call.min_timeout_s)

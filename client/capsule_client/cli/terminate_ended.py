@@ -116,9 +116,9 @@ def terminate_ended(client: Client, args: argparse.Namespace, out: TextIO) -> in
 
 def _terminate(client: Client, session: Session, args: argparse.Namespace) -> Outcome:
     """One session's ``session.terminate`` with ``ended_only``, and what came of it."""
-    from .. import base
+    from .. import calls
 
-    call = base.terminate(
+    call = calls.terminate(
         session.session_id,
         signal=args.signal,
         grace_s=args.grace,

@@ -3,7 +3,8 @@
 The daemon and the clients share these ``msgspec.Struct`` definitions, so the
 wire format is written down exactly once: the JSON-RPC envelope
 (:mod:`.envelope`), each method's params (:mod:`.params`), the results and
-notifications (:mod:`.results`), and the codes, limits, defaults and the
+notifications (:mod:`.results`), the daemon's status and metrics
+(:mod:`.status`), and the codes, limits, defaults and the
 version (:mod:`.constants`). Import them from here:
 
 >>> from capsule_client.wire import ActiveSessionsSnapshot, ErrorCode
@@ -77,11 +78,9 @@ if TYPE_CHECKING:
         ActiveSessionsSnapshot,
         DiscoveryCost,
         DiscoveryState,
-        ExitWatchMode,
         ListeningSocket,
         LostReport,
         LostWork,
-        MetricsResult,
         PingResult,
         ProcessKind,
         Provenance,
@@ -93,13 +92,17 @@ if TYPE_CHECKING:
         SessionsDropped,
         SessionState,
         SessionUsage,
-        StatusResult,
-        StatusTotals,
         SubscribeResult,
         TerminatedProcess,
         TerminateOutcome,
         TerminateReport,
         UnsubscribeResult,
+    )
+    from .status import (
+        ExitWatchMode,
+        MetricsResult,
+        StatusResult,
+        StatusTotals,
         VerificationStatus,
         WatcherMode,
         WatchStatus,
@@ -180,9 +183,9 @@ def __getattr__(name: str) -> object:
 
     modules: tuple[ModuleType, ...] = (constants,)
     if name not in constants.__all__:
-        from . import envelope, params, results
+        from . import envelope, params, results, status
 
-        modules = (envelope, params, results)
+        modules = (envelope, params, results, status)
     for module in modules:
         if name in module.__all__:
             value = getattr(module, name)
