@@ -65,7 +65,7 @@ __all__ = [
 MAX_RECEIPT_BYTES: Final = 64 * 1024
 
 #: Liveness tolerances between a receipt's ``started_at`` and the sampled
-#: process start time, in seconds (docs/design.md §3, the original ``Receipt::live``).
+#: process start time, in seconds (docs/design.md §3 "Liveness").
 PROVIDER_CLIENT_TOLERANCE_S: Final = 5.0
 EXEC_RECEIPT_TOLERANCE_S: Final = 3.0
 SERVER_TOLERANCE_S: Final = 3.0
