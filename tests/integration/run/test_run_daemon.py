@@ -104,7 +104,10 @@ def test_wait_stays_reaping_until_the_leftovers_exit(sock: Path, leftovers: Left
     err = ChildOutput(launcher.stderr)
     try:
         err.wait_for(b"waiting for them to exit", timeout_s=DEADLINE_S)
-        ((one,), (two,)) = leftovers.pids(first), leftovers.pids(second)
+        # A subshell's child may still be a fork of bash when CMD exits: found once it
+        # runs sleep.
+        (one,) = wait_until(lambda: leftovers.pids(first), timeout_s=DEADLINE_S, message="sleep 1")
+        (two,) = wait_until(lambda: leftovers.pids(second), timeout_s=DEADLINE_S, message="sleep 2")
         os.kill(one, signal.SIGTERM)
         # The first one reaped, the launcher waits on for the second.
         wait_until(lambda: proc_state(one) is None, timeout_s=DEADLINE_S, message="one reaped")
@@ -150,7 +153,7 @@ def test_spawn_runs_a_command_under_the_launcher(sock: Path, leftovers: Leftover
     finally:
         assert launched.process.stderr is not None
         launched.process.stderr.close()
-    (pid,) = leftovers.pids(token)
+    (pid,) = wait_until(lambda: leftovers.pids(token), timeout_s=DEADLINE_S, message="the sleep")
     process = session_processes(sock, launched.session_id)[pid]
     assert (process.kind, process.root_pid) == ("descendant", launched.process.pid)
 
