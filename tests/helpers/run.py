@@ -16,6 +16,7 @@ import pytest
 from capsule_client import Client
 from capsule_client.wire import SessionProcess
 from helpers.processes import proc_state
+from helpers.waits import wait_until
 
 #: The launcher, as a separate process (it must be the process that stays).
 CAPSULECTL = [sys.executable, "-m", "capsule_client.cli"]
@@ -59,6 +60,15 @@ class Leftovers:
                 if proc_state(int(name)) not in (None, "Z"):
                     found.append(int(name))
         return sorted(found)
+
+    def running(self, token: str, count: int = 1, *, timeout_s: float) -> list[int]:
+        """The ``count`` ``sleep TOKEN`` processes, once each runs sleep: a child started
+        by ``(sleep T &)`` is a fork of its shell until its exec, with the shell's argv."""
+        return wait_until(
+            lambda: len(found := self.pids(token)) == count and found,
+            timeout_s=timeout_s,
+            message=f"{count} sleep {token}",
+        )
 
     def close(self) -> None:
         for token in self.tokens:

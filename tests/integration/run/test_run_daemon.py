@@ -66,7 +66,7 @@ def test_adopted_orphans_are_reaped_and_cmd_status_kept(
     os.mkfifo(go)
     script = f"(sleep {token} &); exec 3<> {go}; read -t 60 _ <&3; exit 9"
     launcher = launch(home, sock, "ses_run_reaped", ["bash", "-c", script])
-    (pid,) = wait_until(lambda: leftovers.pids(token), timeout_s=DEADLINE_S, message="the sleep")
+    (pid,) = leftovers.running(token, timeout_s=DEADLINE_S)
     assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher.pid
     os.kill(pid, signal.SIGKILL)
     # Reaped by the launcher: no zombie left behind (and CMD's own status still to come).
@@ -104,10 +104,8 @@ def test_wait_stays_reaping_until_the_leftovers_exit(sock: Path, leftovers: Left
     err = ChildOutput(launcher.stderr)
     try:
         err.wait_for(b"waiting for them to exit", timeout_s=DEADLINE_S)
-        # A subshell's child may still be a fork of bash when CMD exits: found once it
-        # runs sleep.
-        (one,) = wait_until(lambda: leftovers.pids(first), timeout_s=DEADLINE_S, message="sleep 1")
-        (two,) = wait_until(lambda: leftovers.pids(second), timeout_s=DEADLINE_S, message="sleep 2")
+        (one,) = leftovers.running(first, timeout_s=DEADLINE_S)
+        (two,) = leftovers.running(second, timeout_s=DEADLINE_S)
         os.kill(one, signal.SIGTERM)
         # The first one reaped, the launcher waits on for the second.
         wait_until(lambda: proc_state(one) is None, timeout_s=DEADLINE_S, message="one reaped")
@@ -153,7 +151,7 @@ def test_spawn_runs_a_command_under_the_launcher(sock: Path, leftovers: Leftover
     finally:
         assert launched.process.stderr is not None
         launched.process.stderr.close()
-    (pid,) = wait_until(lambda: leftovers.pids(token), timeout_s=DEADLINE_S, message="the sleep")
+    (pid,) = leftovers.running(token, timeout_s=DEADLINE_S)
     process = session_processes(sock, launched.session_id)[pid]
     assert (process.kind, process.root_pid) == ("descendant", launched.process.pid)
 

@@ -123,11 +123,7 @@ def test_nothing_escapes(sock: Path, leftovers: Leftovers, tmp_path: Path, name:
     try:
         wait_until(ready.exists, timeout_s=DEADLINE_S, message="CMD started its pattern")
         if not pattern.last_moment:
-            pids = wait_until(
-                lambda: len(found := leftovers.pids(token)) == pattern.count and found,
-                timeout_s=DEADLINE_S,
-                message=f"{pattern.count} sleeps",
-            )
+            pids = leftovers.running(token, pattern.count, timeout_s=DEADLINE_S)
             # While CMD runs.
             assert _listed_under(sock, session_id, pids, launcher.pid), (
                 pids,
@@ -144,13 +140,8 @@ def test_nothing_escapes(sock: Path, leftovers: Leftovers, tmp_path: Path, name:
             launcher.wait()
         assert launcher.stderr is not None
         launcher.stderr.close()
-    # A last-moment child may still be a fork of bash when the launcher exits: its pid
-    # is the sleep's, found once it runs sleep.
-    pids = wait_until(
-        lambda: len(found := leftovers.pids(token)) == pattern.count and found,
-        timeout_s=DEADLINE_S,
-        message=f"{pattern.count} sleeps",
-    )
+    # A last-moment child may still be a fork of bash when the launcher exits.
+    pids = leftovers.running(token, pattern.count, timeout_s=DEADLINE_S)
     report = bytes(err.seen).decode()
     # At CMD's exit: one line per process, with its command.
     for pid in pids:
