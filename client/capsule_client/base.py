@@ -2,8 +2,8 @@
 
 Request ids and encoding, reading replies, mapping error codes to exceptions,
 decoding typed results and keeping subscriptions' notifications live here once;
-the calls themselves are :mod:`.calls`'; ``Client`` and ``AsyncClient`` only
-move bytes.
+each method's call is built in :mod:`.calls`; ``Client`` and ``AsyncClient``
+only move bytes.
 """
 
 from __future__ import annotations

@@ -96,11 +96,6 @@ def decoder_for(result_type: Any) -> msgspec.json.Decoder[Any]:
     return decoder
 
 
-# The methods both clients offer, once: each builds its ``Call`` (no I/O);
-# :func:`blocking` and :func:`awaiting` make it a ``Client`` and an
-# ``AsyncClient`` method with the same signature and docstring.
-
-
 def ping() -> Call[PingResult]:
     """``ping``: is the daemon there, and which version."""
     return Call("ping", None, PingResult)
